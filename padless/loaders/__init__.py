@@ -1,0 +1,1 @@
+"""Dataset readers and batch samplers (see DESIGN.md; not built yet)."""

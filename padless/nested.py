@@ -1,0 +1,205 @@
+"""Drop-in for ``torch.nested``: the same function names and arguments, padless tensors.
+
+Replace ``torch.nested`` by ``padless.nested`` and the calls keep working; in
+addition samples may have several ragged dims (``(2, 5)`` next to ``(3, 4)``),
+and binary ops work between equal structures built separately.
+
+Differences worth knowing:
+
+* ``layout`` is accepted for compatibility (``torch.strided`` or ``torch.jagged``);
+  padless has one packed layout.
+* ``shape`` is the padded envelope (ints), not a symbolic ``j`` dim.
+* ``narrow`` with per-sample starts copies the selected rows into a packed buffer
+  (torch's jagged layout keeps a strided view with holes). Values are equal; the
+  result is contiguous.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from padless.tensor import layout as _layout
+from padless.tensor.construct import from_list, from_values
+from padless.tensor.convert import to_padded
+from padless.tensor.core import NestedTensor
+
+__all__ = [
+    "nested_tensor",
+    "as_nested_tensor",
+    "nested_tensor_from_jagged",
+    "narrow",
+    "to_padded_tensor",
+    "masked_select",
+]
+
+_LAYOUTS = (None, torch.strided, torch.jagged)
+
+
+def _check_layout(fn: str, layout) -> None:
+    if layout not in _LAYOUTS:
+        raise ValueError(f"padless.nested.{fn}(): layout must be torch.strided or torch.jagged, got {layout}")
+
+
+def nested_tensor(
+    tensor_list: Sequence,
+    *,
+    dtype: torch.dtype | None = None,
+    layout=None,
+    device=None,
+    requires_grad: bool = False,
+    pin_memory: bool = False,
+    ragged_dims: Sequence[int] | None = None,
+) -> NestedTensor:
+    """A leaf NestedTensor copied from a list of tensors (or nested lists); no autograd history.
+
+    >>> a, b = torch.arange(3.), torch.arange(5.)
+    >>> nt = nested_tensor([a, b], requires_grad=True)
+    >>> nt.is_leaf
+    True
+    """
+    _check_layout("nested_tensor", layout)
+    return from_list(
+        list(tensor_list), ragged_dims=ragged_dims, dtype=dtype, device=device,
+        requires_grad=requires_grad, pin_memory=pin_memory, keep_history=False,
+    )
+
+
+def as_nested_tensor(
+    ts,
+    dtype: torch.dtype | None = None,
+    device=None,
+    layout=None,
+    *,
+    ragged_dims: Sequence[int] | None = None,
+) -> NestedTensor:
+    """A NestedTensor that keeps autograd history to its inputs.
+
+    ``ts`` is a list/tuple of tensors (copied into one buffer), a dense tensor
+    ``(B, ...)`` (each row a sample, no copy when contiguous), or a NestedTensor
+    (returned, converted to ``dtype``/``device`` if given).
+    """
+    _check_layout("as_nested_tensor", layout)
+    if isinstance(ts, NestedTensor):
+        return ts.to(device=device, dtype=dtype)
+    if isinstance(ts, Tensor):
+        if ts.dim() < 2:
+            raise RuntimeError("as_nested_tensor(): Expected tensor argument to have dim() > 1")
+        b, n0 = ts.shape[0], ts.shape[1]
+        t = ts.to(device=device, dtype=dtype)
+        r = 0 if ragged_dims is None else tuple(ragged_dims)[0] % (ts.dim() - 1)
+        rows = t.movedim(r + 1, 1).reshape(b * ts.shape[r + 1], *[s for i, s in enumerate(ts.shape[1:]) if i != r])
+        lengths = torch.full((b,), ts.shape[r + 1], dtype=torch.int64)
+        del n0
+        return from_values(rows, lengths=lengths, ragged_dims=(r,))
+    if not (isinstance(ts, (list, tuple)) and all(isinstance(t, Tensor) for t in ts)):
+        raise TypeError(
+            "as_nested_tensor(): Expected first argument to be a tensor or a list / tuple of tensors"
+        )
+    return from_list(list(ts), ragged_dims=ragged_dims, dtype=dtype, device=device, keep_history=True)
+
+
+def nested_tensor_from_jagged(
+    values: Tensor,
+    offsets: Tensor | None = None,
+    lengths: Tensor | None = None,
+    jagged_dim: int | None = None,
+    min_seqlen: int | None = None,
+    max_seqlen: int | None = None,
+) -> NestedTensor:
+    """A NestedTensor from packed ``values`` and ``offsets`` and/or ``lengths``.
+
+    With both ``offsets`` and ``lengths`` ("holes"), sample i is
+    ``values[offsets[i] : offsets[i] + lengths[i]]``; padless copies those rows into a
+    packed buffer. ``jagged_dim`` is the dim of the result that is ragged (default 1,
+    the one after the batch dim); ``values`` holds it at ``jagged_dim - 1``.
+    ``max_seqlen`` avoids reading device metadata on the host. ``min_seqlen`` is accepted
+    for compatibility.
+    """
+    if offsets is None and lengths is None:
+        raise RuntimeError("nested_tensor_from_jagged(): At least one of offsets or lengths is required.")
+    if jagged_dim is None:
+        jagged_dim = 1
+    elif jagged_dim < 1:
+        raise ValueError(f"Expected jagged_dim >=1, but got {jagged_dim}.")
+    r = jagged_dim - 1
+    if r >= values.dim():
+        raise ValueError(f"nested_tensor_from_jagged(): jagged_dim={jagged_dim} is out of range for values of rank {values.dim()}")
+    rows = values.movedim(r, 0) if r else values
+    if offsets is not None and lengths is not None:
+        starts = offsets[:-1].to(torch.int64)
+        lengths = lengths.to(torch.int64)
+        new_off = _layout.offsets_from_counts(lengths.cpu())
+        total = int(new_off[-1])
+        sid = _layout.row_sample_ids(new_off, total)
+        local = torch.arange(total) - new_off[:-1].index_select(0, sid)
+        idx = starts.cpu().index_select(0, sid) + local
+        rows = rows.index_select(0, idx.to(rows.device))
+        return from_values(rows, new_off, ragged_dims=(r,), max_seqlen=max_seqlen)
+    if offsets is not None:
+        return from_values(rows, offsets, ragged_dims=(r,), max_seqlen=max_seqlen)
+    return from_values(rows, lengths=lengths, ragged_dims=(r,), max_seqlen=max_seqlen)
+
+
+def narrow(tensor: Tensor, dim: int, start, length, layout=torch.strided) -> NestedTensor:
+    """Sample i is ``tensor[i].narrow(dim - 1, start[i], length[i])``.
+
+    ``start`` and ``length`` are ints or ``(B,)`` tensors (per-sample windows need
+    ``dim=1``, as in torch). Differentiable w.r.t. ``tensor``.
+    """
+    _check_layout("narrow", layout)
+    if not isinstance(start, (int, torch.SymInt, Tensor)):
+        raise RuntimeError("start must be an integer or a tensor")
+    if not isinstance(length, (int, torch.SymInt, Tensor)):
+        raise RuntimeError("length must be an integer or a tensor")
+    if tensor.dim() < 2:
+        raise ValueError(f"narrow(): tensor must be (B, ...) with a sample dim, got {tuple(tensor.shape)}")
+    if not isinstance(start, Tensor) and not isinstance(length, Tensor):
+        return as_nested_tensor(tensor.narrow(dim, start, length), ragged_dims=(dim - 1,))
+    if dim != 1:
+        raise RuntimeError("narrow(): per-sample start/length tensors need dim=1 (as in torch.nested)")
+    b, n = tensor.shape[0], tensor.shape[1]
+    start = torch.as_tensor(start, dtype=torch.int64).cpu().expand(b)
+    length = torch.as_tensor(length, dtype=torch.int64).cpu().expand(b)
+    bad = (start < 0) | (length < 0) | (start + length > n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        raise ValueError(
+            f"narrow(): sample {i} asks for [{int(start[i])}, {int(start[i] + length[i])}) along dim 1 of size {n}"
+        )
+    off = _layout.offsets_from_counts(length.contiguous())
+    total = int(off[-1])
+    sid = _layout.row_sample_ids(off, total)
+    idx = sid * n + start.index_select(0, sid) + torch.arange(total) - off[:-1].index_select(0, sid)
+    rows = tensor.reshape(b * n, *tensor.shape[2:]).index_select(0, idx.to(tensor.device))
+    return from_values(rows, off)
+
+
+def to_padded_tensor(input: NestedTensor, padding: float, output_size=None, out: Tensor | None = None) -> Tensor:
+    """Dense copy with ``padding`` in padded positions; ``output_size`` may only enlarge."""
+    if not isinstance(input, NestedTensor):
+        raise TypeError(f"to_padded_tensor(): expected a padless NestedTensor, got {type(input).__name__}")
+    res = to_padded(input, padding, output_size)
+    if out is not None:
+        out.resize_(res.shape).copy_(res)
+        return out
+    return res
+
+
+def masked_select(tensor: Tensor, mask: Tensor) -> NestedTensor:
+    """One sample per row of ``tensor`` (last dim), holding the elements where ``mask`` is True.
+
+    >>> t = torch.arange(9.).view(3, 3)
+    >>> m = torch.tensor([[False, False, True], [True, False, True], [False, False, True]])
+    >>> masked_select(t, m).offsets().diff().tolist()
+    [1, 2, 1]
+    """
+    if tensor.layout != torch.strided or isinstance(tensor, NestedTensor):
+        raise RuntimeError(f"masked_select requires a strided tensor, given {tensor.layout}")
+    if mask.layout != torch.strided:
+        raise RuntimeError(f"masked_select requires a strided mask, given: {mask.layout}")
+    vals = tensor.masked_select(mask)
+    lengths = mask.expand(tensor.shape).sum(dim=tensor.dim() - 1).reshape(-1)
+    return from_values(vals, lengths=lengths.to(torch.int64))

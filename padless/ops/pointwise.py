@@ -1,0 +1,305 @@
+"""The generic pointwise path: one handler for every elementwise ATen op.
+
+Any ATen op tagged ``torch.Tag.pointwise`` (add, mul, sigmoid, eq, where, clamp,
+pow, their in-place and backward variants...) runs once on the packed
+``values``. Operands are mapped onto rows:
+
+* a NestedTensor of the same structure -> its ``values`` (structures are checked);
+* a scalar or 0-d tensor -> itself;
+* a dense tensor that broadcasts against the static tail, e.g. ``(C,)`` against
+  samples ``(L_i, C)`` -> a view over the static dims;
+* a dense tensor with a per-sample batch dim, e.g. ``(B, 1, C)`` -> gathered per row.
+
+A dense operand that spans a ragged dim (size > 1 there) has no per-sample
+meaning and is refused with a message naming the dim.
+
+Because these run below autograd, backward formulas of pointwise ops are
+pointwise ops on NestedTensors too, so gradients need nothing extra except the
+reduction that ``sum_to_size`` performs for broadcast dense operands
+(:func:`sum_dim`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from padless.tensor.core import NestedTensor, check_same_structure, wrap_like
+from padless.tensor.registry import FAST_POINTWISE, implements_aten
+
+aten = torch.ops.aten
+
+
+def _name(func) -> str:
+    return func._schema.name.split("::")[-1]
+
+
+def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
+    """Map a dense operand onto ``ref``'s rows (see module docstring)."""
+    k = d.dim()
+    if k == 0 or k <= _trailing_static(ref.sample_dim, ref._ragged):
+        return d  # broadcasts against values (T, *static) as it is
+    nd = len(ref._env) + 1
+    if d.dim() > nd:
+        raise ValueError(
+            f"{opname}(): a dense operand of shape {tuple(d.shape)} has more dims than the "
+            f"NestedTensor (envelope {tuple(ref.shape)}); broadcasting would add a batch dim"
+        )
+    aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
+    for r in ref._ragged:
+        if aligned[1 + r] != 1:
+            raise ValueError(
+                f"{opname}(): a dense operand of shape {tuple(d.shape)} spans ragged dim {r + 1} "
+                f"(size {aligned[1 + r]}); a dense tensor can only broadcast over ragged dims with "
+                "size 1. Make it a NestedTensor of the same structure, or reduce that dim."
+            )
+    static = [s for s in range(ref.sample_dim) if s not in ref._ragged]
+    rows = d.reshape(aligned[0], *[aligned[1 + s] for s in static])
+    b = aligned[0]
+    if b == 1:
+        return rows
+    if b != ref.batch_size:
+        raise ValueError(
+            f"{opname}(): a dense operand of shape {tuple(d.shape)} has {b} entries on the batch dim, "
+            f"the NestedTensor has {ref.batch_size} samples"
+        )
+    return rows.index_select(0, ref.row_sample_ids())
+
+
+@functools.lru_cache(maxsize=None)
+def _trailing_static(ndim: int, ragged: tuple[int, ...]) -> int:
+    """How many trailing sample dims are static (they are the trailing dims of values)."""
+    return ndim - 1 - max(ragged) if ragged else ndim
+
+
+_INPLACE: dict[Any, bool] = {}
+
+
+def _is_inplace(func) -> bool:
+    hit = _INPLACE.get(func)
+    if hit is None:
+        a0 = func._schema.arguments[0] if func._schema.arguments else None
+        hit = bool(a0 is not None and a0.alias_info is not None and a0.alias_info.is_write)
+        _INPLACE[func] = hit
+    return hit
+
+
+def _first_nested(args, kwargs) -> NestedTensor:
+    for a in args:
+        if isinstance(a, NestedTensor):
+            return a
+    for a in kwargs.values():
+        if isinstance(a, NestedTensor):
+            return a
+    raise RuntimeError("padless internal: pointwise handler called without a NestedTensor operand")
+
+
+def run_on_rows(opname, func, args, kwargs, inplace: bool):
+    """Call ``func`` with every operand mapped onto rows; wrap the result in the structure.
+
+    ``opname`` is a string or a callable returning it (names are only built for errors).
+    """
+    ref = _first_nested(args, kwargs)
+    if callable(opname):
+        opname = _LazyName(opname)
+    if "out" in kwargs:
+        raise NotImplementedError(f"{opname}(): out= is not supported with NestedTensor operands")
+
+    new_args = []
+    for a in args:
+        if isinstance(a, NestedTensor):
+            if a is not ref and (a._meta is not ref._meta or a._ragged != ref._ragged):
+                check_same_structure(opname, ref, a)
+            a = a._values
+        elif isinstance(a, Tensor):
+            a = dense_to_rows(opname, a, ref)
+        new_args.append(a)
+    new_kwargs = kwargs
+    if kwargs:
+        new_kwargs = {}
+        for k, a in kwargs.items():
+            if isinstance(a, NestedTensor):
+                if a is not ref and (a._meta is not ref._meta or a._ragged != ref._ragged):
+                    check_same_structure(opname, ref, a)
+                a = a._values
+            elif isinstance(a, Tensor):
+                a = dense_to_rows(opname, a, ref)
+            new_kwargs[k] = a
+    if inplace:
+        if not isinstance(args[0], NestedTensor):
+            raise ValueError(
+                f"{opname}(): an in-place op on a dense tensor cannot take a NestedTensor operand "
+                "(the result would need the ragged structure)"
+            )
+        func(*new_args, **new_kwargs)
+        return args[0]
+    out = func(*new_args, **new_kwargs)
+    if isinstance(out, tuple):
+        return tuple(wrap_like(o, ref) for o in out)
+    return wrap_like(out, ref)
+
+
+class _LazyName:
+    """Formats as the op name, computed only when an error message needs it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __str__(self) -> str:
+        return self.fn()
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+def pointwise_aten(func, *args, **kwargs):
+    """Run an elementwise ATen op on packed rows (below autograd)."""
+    return run_on_rows(lambda: _name(func), func, args, kwargs, _is_inplace(func))
+
+
+def pointwise_function(func, args, kwargs):
+    """Torch-level fast path for an elementwise callable when no gradient is needed."""
+    if func in _WHERE and len(args) + len(kwargs) < 3:
+        return func(*args, **kwargs)  # torch.where(cond) is nonzero(), not elementwise
+    if kwargs.get("inplace") or any(a is True for a in args[1:]):
+        return func(*args, **kwargs)  # F.relu(x, inplace=True): the ATen path bumps versions
+    return run_on_rows(lambda: getattr(func, "__name__", "op").strip("_"), func, args, kwargs, False)
+
+
+_WHERE = {torch.where, torch.Tensor.where}
+
+# Out-of-place elementwise callables at the torch level. In-place ones are left to the
+# ATen path on purpose: there autograd bumps the version counter of the NestedTensor.
+_FAST_NAMES = (
+    "__add__ __radd__ __sub__ __rsub__ __mul__ __rmul__ __truediv__ __rtruediv__ __floordiv__ "
+    "__rfloordiv__ __mod__ __pow__ __rpow__ __neg__ __abs__ __invert__ __and__ __or__ __xor__ "
+    "__eq__ __ne__ __lt__ __le__ __gt__ __ge__ "
+    "add sub mul div true_divide floor_divide remainder fmod pow neg abs exp exp2 expm1 log log1p "
+    "log2 log10 sqrt rsqrt sin cos tan asin acos atan atan2 sinh cosh tanh sigmoid relu erf erfc "
+    "floor ceil round trunc frac sign sgn square reciprocal clamp clamp_min clamp_max clip "
+    "maximum minimum fmax fmin eq ne lt le gt ge logical_and logical_or logical_xor logical_not "
+    "bitwise_and bitwise_or bitwise_xor bitwise_not isnan isinf isfinite nan_to_num where "
+    "masked_fill lerp addcmul addcdiv hypot logaddexp copysign xlogy"
+).split()
+_FAST_F = "relu relu6 gelu silu mish elu selu celu leaky_relu softplus hardtanh hardswish hardsigmoid logsigmoid tanhshrink softsign".split()
+
+
+def _fast_callables():
+    import torch.nn.functional as F
+
+    seen = set()
+    for name in _FAST_NAMES:
+        for owner in (torch, torch.Tensor):
+            f = getattr(owner, name, None)
+            if f is not None and f not in seen:
+                seen.add(f)
+                yield f
+    for name in _FAST_F:
+        f = getattr(F, name, None)
+        if f is not None and f not in seen:
+            seen.add(f)
+            yield f
+
+
+for _f in _fast_callables():
+    FAST_POINTWISE[_f] = pointwise_function
+
+
+# Elementwise ops whose ATen schema lacks the pointwise tag (including several
+# backward formulas of tagged activations). Names that a torch build lacks are skipped.
+_UNTAGGED_ELEMENTWISE = (
+    "masked_fill.Tensor", "masked_fill_.Scalar", "masked_fill_.Tensor",
+    "where.ScalarOther", "where.ScalarSelf", "where.Scalar",
+    "clamp_.default", "clamp_.Tensor", "clamp_min_.default", "clamp_max_.default",
+    "floor_divide.default", "floor_divide.Scalar", "floor_divide_.Tensor", "floor_divide_.Scalar",
+    "threshold_.default", "mish_.default", "hardswish_.default", "gelu_.default",
+    "elu_backward.default", "hardsigmoid_backward.default", "hardtanh_backward.default",
+    "leaky_relu_backward.default", "mish_backward.default", "softplus_backward.default",
+    "hardswish_backward.default", "softshrink_backward.default", "hardshrink_backward.default",
+    "rrelu_with_noise_backward.default", "frexp.Tensor",
+)
+
+
+def _resolve(names):
+    for n in names:
+        packet, overload = n.split(".")
+        op = getattr(getattr(aten, packet, None), overload, None)
+        if op is not None:
+            yield op
+
+
+implements_aten(*_resolve(_UNTAGGED_ELEMENTWISE), accepts="packed, dense or scalar operands")(pointwise_aten)
+
+
+# ---------------------------------------------------------------------------- reductions autograd needs
+
+
+@implements_aten(aten.sum.dim_IntList)
+def sum_dim(func, nt: NestedTensor, dim=None, keepdim: bool = False, *, dtype=None):
+    """ATen-level ``sum`` over dims of a NestedTensor.
+
+    This is what autograd's ``sum_to_size`` calls when a dense operand was broadcast
+    against a NestedTensor. Supported: reducing the batch dim together with every
+    ragged dim (-> dense), reducing every ragged dim but not the batch dim (-> dense
+    per-sample, a segmented sum), or static dims only (-> NestedTensor).
+    """
+    nd = len(nt._env) + 1
+    dims = set(range(nd)) if dim is None or len(dim) == 0 else {d % nd for d in dim}
+    ragged_outer = {r + 1 for r in nt._ragged}
+    static_outer = set(range(1, nd)) - ragged_outer
+    vals = nt._values
+    static_pos = sorted(static_outer)
+    red_static = [1 + static_pos.index(d) for d in sorted(dims & static_outer)]
+    if ragged_outer <= dims:
+        if 0 in dims:
+            out = vals.sum(dim=[0] + red_static, keepdim=True, dtype=dtype)
+            lead = 1
+        else:
+            b = nt.batch_size
+            part = vals.sum(dim=red_static, keepdim=True, dtype=dtype) if red_static else vals.to(dtype or vals.dtype)
+            out = part.new_zeros((b, *part.shape[1:])).index_add_(0, nt.row_sample_ids(), part)
+            lead = b
+        # Rebuild the keepdim shape in sample order, then drop reduced dims if needed.
+        full = [lead]
+        it = iter(out.shape[1:])
+        for d in range(1, nd):
+            full.append(1 if d in ragged_outer else next(it))
+        out = out.reshape(full)
+        if not keepdim:
+            out = out.squeeze(tuple(sorted(dims)))
+        return out
+    if dims & ({0} | ragged_outer):
+        raise NotImplementedError(
+            f"sum(): ATen-level sum over dims {sorted(dims)} of a NestedTensor with ragged dims "
+            f"{sorted(ragged_outer)}; ragged reductions are provided by the op layer's torch-level "
+            "reductions (torch.sum / Tensor.sum)"
+        )
+    out = vals.sum(dim=red_static, keepdim=keepdim, dtype=dtype)
+    if keepdim:
+        return wrap_like(out, nt)
+    return _drop_static(nt, out, sorted(dims))
+
+
+def _drop_static(nt: NestedTensor, values: Tensor, dropped_outer: list[int]) -> NestedTensor:
+    """NestedTensor whose static sample dims ``dropped_outer`` were reduced away."""
+    from padless.tensor.core import StructureMeta
+
+    dropped = [d - 1 for d in dropped_outer]
+    keep = [d for d in range(nt.sample_dim) if d not in dropped]
+    remap = {d: i for i, d in enumerate(keep)}
+    ragged = tuple(remap[r] for r in nt._ragged)
+    sizes = nt._sizes[:, keep]
+    m = nt._meta
+    meta = StructureMeta(None if m.host_sizes is None else m.host_sizes[:, keep], m.host_offsets)
+    env = [nt._env[d] for d in keep]
+    return NestedTensor(values, nt._offsets, sizes, ragged, env, meta)
+
+
+@implements_aten(aten.sum.default)
+def sum_all(func, nt: NestedTensor, *, dtype=None) -> Tensor:
+    """Sum of every real element (padding never counted)."""
+    return nt._values.sum(dtype=dtype)

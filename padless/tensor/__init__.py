@@ -1,0 +1,54 @@
+"""The NestedTensor: representation, construction, accessors, conversion and dispatch."""
+
+from padless.tensor import behaviour as _behaviour  # noqa: F401  (registers tensor-behaviour handlers)
+from padless.tensor.construct import from_list, from_njt, from_padded, from_values
+from padless.tensor.convert import to_njt, to_padded, unbind_samples, valid_mask
+from padless.tensor.core import NestedTensor, StructureMeta, _rebuild_nested
+
+
+def _attach() -> None:
+    NestedTensor.from_list = staticmethod(from_list)
+    NestedTensor.from_padded = staticmethod(from_padded)
+    NestedTensor.from_values = staticmethod(from_values)
+    NestedTensor.from_njt = staticmethod(from_njt)
+
+    def to_padded_(self, value: float = 0.0, output_size=None):
+        """Dense ``(B, *envelope)`` copy, ``value`` in padded positions. Differentiable.
+
+        Never syncs when the batch carries host metadata."""
+        return to_padded(self, value, output_size)
+
+    def mask_(self):
+        """Bool ``(B, *envelope)``: True at real elements. Never syncs with host metadata."""
+        return valid_mask(self)
+
+    def to_njt_(self):
+        """``torch.nested`` jagged tensor with the same samples (one ragged dim). Keeps autograd."""
+        return to_njt(self)
+
+    NestedTensor.to_padded = to_padded_
+    NestedTensor.mask = mask_
+    NestedTensor.to_njt = to_njt_
+
+
+_attach()
+
+try:  # torch.load(weights_only=True) must rebuild NestedTensors without user set-up.
+    import torch.serialization as _ser
+
+    _ser.add_safe_globals([NestedTensor, _rebuild_nested])
+except AttributeError:  # pragma: no cover - torch < 2.4
+    pass
+
+__all__ = [
+    "NestedTensor",
+    "StructureMeta",
+    "from_list",
+    "from_padded",
+    "from_values",
+    "from_njt",
+    "to_padded",
+    "to_njt",
+    "unbind_samples",
+    "valid_mask",
+]

@@ -1,0 +1,80 @@
+"""Autograd bridge between a NestedTensor and its packed ``values``.
+
+Structure-aware handlers compute on ``values`` with ordinary torch ops. Two
+autograd functions connect the NestedTensor to that buffer in both directions:
+
+* :func:`values_of` (NestedTensor -> values): the backward wraps the incoming dense
+  gradient into a NestedTensor of the same structure;
+* :func:`nested_from_values` (values -> NestedTensor): the backward hands the
+  NestedTensor gradient's ``values`` to the buffer.
+
+Both are no-ops (no autograd node, no cost) when no gradient is needed.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from padless.tensor.core import NestedTensor, StructureMeta, wrap_like
+
+
+def _grad_values(grad: Tensor, like: NestedTensor | None = None) -> Tensor:
+    if isinstance(grad, NestedTensor):
+        return grad._values
+    raise TypeError(
+        f"padless: expected the gradient of a NestedTensor to be a NestedTensor, got a dense "
+        f"Tensor of shape {tuple(grad.shape)}"
+    )
+
+
+class _ValuesView(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, nt: NestedTensor) -> Tensor:  # type: ignore[override]
+        ctx.struct = (nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
+        return nt._values.detach()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return NestedTensor(grad, *ctx.struct)
+
+
+class _NestedView(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: Tensor, offsets, sizes, ragged, envelope, meta) -> NestedTensor:  # type: ignore[override]
+        return NestedTensor(values.detach(), offsets, sizes, ragged, envelope, meta)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        return _grad_values(grad), None, None, None, None, None
+
+
+def values_of(nt: NestedTensor) -> Tensor:
+    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed."""
+    if nt.requires_grad and torch.is_grad_enabled():
+        return _ValuesView.apply(nt)
+    return nt._values
+
+
+def nested_from_values(
+    values: Tensor,
+    offsets: Tensor,
+    sizes: Tensor,
+    ragged: tuple[int, ...],
+    envelope: Sequence,
+    meta: StructureMeta | None = None,
+) -> NestedTensor:
+    """Build a NestedTensor around ``values``, keeping ``values``' autograd history."""
+    if values.requires_grad and torch.is_grad_enabled():
+        return _NestedView.apply(values, offsets, sizes, ragged, tuple(envelope), meta)
+    return NestedTensor(values, offsets, sizes, ragged, envelope, meta)
+
+
+def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
+    """Differentiable :func:`padless.tensor.core.wrap_like`."""
+    if values.requires_grad and torch.is_grad_enabled():
+        out = wrap_like(values.detach(), like)
+        return _NestedView.apply(values, out._offsets, out._sizes, out._ragged, out._env, out._meta)
+    return wrap_like(values, like)

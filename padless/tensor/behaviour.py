@@ -1,0 +1,190 @@
+"""Tensor behaviour of a NestedTensor: copies, moves, pinning, sharing, indexing, iteration.
+
+These handlers keep the structure and act on the inner tensors declared in
+``NestedTensor._INNER``, so adding an inner tensor needs no change here.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from padless.tensor.convert import getitem, unbind_samples
+from padless.tensor.core import NestedTensor, StructureMeta, check_same_structure, wrap_like
+from padless.tensor.registry import implements, implements_aten
+
+aten = torch.ops.aten
+
+
+def _rebuild(nt: NestedTensor, values: Tensor, offsets: Tensor, sizes: Tensor) -> NestedTensor:
+    return NestedTensor(values, offsets, sizes, nt._ragged, nt._env, nt._meta)
+
+
+# ---------------------------------------------------------------------------- ATen level
+
+
+@implements_aten(aten.detach.default, aten.alias.default)
+def detach(func, nt: NestedTensor) -> NestedTensor:
+    return wrap_like(func(nt._values), nt)
+
+
+@implements_aten(aten.clone.default)
+def clone(func, nt: NestedTensor, *, memory_format=None) -> NestedTensor:
+    # Metadata is immutable, so the clone shares it; only values are copied.
+    return wrap_like(nt._values.clone(), nt)
+
+
+@implements_aten(aten._to_copy.default)
+def to_copy(func, nt: NestedTensor, **kwargs) -> NestedTensor:
+    """``.to(device/dtype)``, ``.cuda()``, ``.cpu()``, ``.float()``...: values converted,
+    offsets/sizes moved along (non_blocking honoured), host metadata kept."""
+    kwargs.pop("memory_format", None)
+    kwargs.pop("layout", None)
+    values = func(nt._values, **kwargs)
+    if values.device == nt._offsets.device:
+        return NestedTensor(values, nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
+    nb = kwargs.get("non_blocking", False)
+    m = nt._meta
+    src_o = m.host_offsets if m.host_offsets is not None else nt._offsets
+    src_s = m.host_sizes if m.host_sizes is not None else nt._sizes
+    offsets = src_o.to(values.device, non_blocking=nb)
+    sizes = src_s.to(values.device, non_blocking=nb)
+    meta = StructureMeta(m.host_sizes, m.host_offsets)
+    return NestedTensor(values, offsets, sizes, nt._ragged, nt._env, meta)
+
+
+@implements_aten(aten.copy_.default, accepts="packed; packed or dense source")
+def copy_(func, dst: NestedTensor, src, non_blocking: bool = False) -> NestedTensor:
+    if isinstance(src, NestedTensor):
+        check_same_structure("copy_", dst, src)
+        dst._values.copy_(src._values, non_blocking=non_blocking)
+    else:
+        from padless.ops.pointwise import dense_to_rows
+
+        dst._values.copy_(dense_to_rows("copy_", src, dst), non_blocking=non_blocking)
+    return dst
+
+
+@implements_aten(aten._pin_memory.default)
+def pin_memory(func, nt: NestedTensor, device=None) -> NestedTensor:
+    m = nt._meta
+    meta = StructureMeta(
+        None if m.host_sizes is None else m.host_sizes.pin_memory(),
+        None if m.host_offsets is None else m.host_offsets.pin_memory(),
+    )
+    pinned = [func(t, device) for t in (nt._values, nt._offsets, nt._sizes)]
+    return NestedTensor(*pinned, nt._ragged, nt._env, meta)
+
+
+@implements_aten(aten.is_pinned.default)
+def is_pinned(func, nt: NestedTensor, device=None) -> bool:
+    return func(nt._values, device)
+
+
+@implements_aten(aten.record_stream.default)
+def record_stream(func, nt: NestedTensor, stream) -> None:
+    for t in (nt._values, nt._offsets, nt._sizes):
+        func(t, stream)
+
+
+@implements_aten(
+    aten.empty_like.default,
+    aten.zeros_like.default,
+    aten.ones_like.default,
+    aten.full_like.default,
+    aten.rand_like.default,
+    aten.randn_like.default,
+    aten.randint_like.default,
+    aten.randint_like.low_dtype,
+)
+def like_factory(func, nt: NestedTensor, *args, **kwargs) -> NestedTensor:
+    kwargs.pop("memory_format", None)
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev) != nt.device:
+        return to_copy(aten._to_copy.default, like_factory(func, nt, *args, **{**kwargs, "device": None}), device=dev)
+    kwargs.pop("device", None)
+    return wrap_like(func(nt._values, *args, **kwargs), nt)
+
+
+@implements_aten(aten.fill_.Scalar, aten.fill_.Tensor, aten.zero_.default)
+def fill_(func, nt: NestedTensor, *args) -> NestedTensor:
+    func(nt._values, *args)
+    return nt
+
+
+@implements_aten(
+    aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
+    aten.new_empty_strided.default,
+)
+def new_factory(func, nt: NestedTensor, *args, **kwargs) -> Tensor:
+    """``x.new_zeros(size)`` and friends: a dense tensor of the given size (like torch)."""
+    return func(nt._values, *args, **kwargs)
+
+
+@implements_aten(aten.is_same_size.default)
+def is_same_size(func, a, b) -> bool:
+    if isinstance(a, NestedTensor) and isinstance(b, NestedTensor):
+        return a.same_structure(b)
+    return False
+
+
+# ---------------------------------------------------------------------------- function level
+
+
+@implements(torch.Tensor.__getitem__)
+def getitem_(func, nt: NestedTensor, index):
+    return getitem(nt, index)
+
+
+@implements(torch.Tensor.unbind, torch.unbind)
+def unbind(func, nt: NestedTensor, dim: int = 0):
+    if dim != 0:
+        raise NotImplementedError(
+            f"unbind(): only dim=0 (the batch dim) is supported on a NestedTensor, got dim={dim}"
+        )
+    return unbind_samples(nt)
+
+
+@implements(torch.Tensor.__iter__)
+def iter_(func, nt: NestedTensor):
+    return iter(unbind_samples(nt))
+
+
+@implements(torch.Tensor.tolist)
+def tolist(func, nt: NestedTensor):
+    return [s.tolist() for s in unbind_samples(nt, differentiable=False)]
+
+
+@implements(torch.Tensor.share_memory_)
+def share_memory_(func, nt: NestedTensor) -> NestedTensor:
+    for t in (nt._values, nt._offsets, nt._sizes):
+        t.share_memory_()
+    return nt
+
+
+@implements(torch.Tensor.is_shared)
+def is_shared(func, nt: NestedTensor) -> bool:
+    return nt._values.is_shared()
+
+
+@implements(torch.Tensor.contiguous)
+def contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) -> NestedTensor:
+    if nt._ragged != tuple(sorted(nt._ragged)):
+        raise NotImplementedError(
+            "contiguous(): re-laying out transposed ragged dims is part of the shape-op layer"
+        )
+    if nt._values.is_contiguous():
+        return nt
+    from padless.tensor.autograd import rewrap, values_of
+
+    return rewrap(values_of(nt).contiguous(), nt)
+
+
+@implements(torch.Tensor.is_contiguous)
+def is_contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) -> bool:
+    return nt._ragged == tuple(sorted(nt._ragged)) and nt._values.is_contiguous()
+
+
+@implements(torch.Tensor.data_ptr)
+def data_ptr(func, nt: NestedTensor) -> int:
+    return nt._values.data_ptr()

@@ -1,0 +1,216 @@
+"""Interoperability views: samples, padded tensors, masks, torch.nested, batch indexing.
+
+None of these is used by the op layer's hot path; they exist for users and tests.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic
+
+
+def _inverse(perm: Sequence[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _sample_view(nt: NestedTensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
+    """Rows of one sample viewed with that sample's dense shape (sample dim order)."""
+    order = nt.storage_order
+    stored_shape = [int(shape[d]) for d in order]
+    t = rows.reshape(stored_shape)
+    if order != tuple(range(len(order))):
+        t = t.permute(_inverse(order))
+    return t
+
+
+def unbind_samples(nt: NestedTensor, differentiable: bool = True) -> tuple[Tensor, ...]:
+    """Every sample as a dense tensor (views of ``values`` when the layout allows).
+
+    Uses host metadata (see :meth:`NestedTensor.host_sizes`).
+    """
+    vals = values_of(nt) if differentiable else nt._values
+    hs = nt.host_sizes().tolist()
+    ho = nt.host_offsets().tolist()
+    counts = [ho[i + 1] - ho[i] for i in range(len(hs))]
+    parts = torch.split(vals, counts) if hs else ()
+    return tuple(_sample_view(nt, p, s) for p, s in zip(parts, hs))
+
+
+def _padded_index(nt: NestedTensor, env: Sequence[int]) -> Tensor:
+    """Cached flat index of every row in the padded ragged grid (on the values' device)."""
+    key = ("padded_idx", nt._values.device, tuple(env))
+    m = nt._meta
+    hit = m.derived.get(key)
+    if hit is not None:
+        return hit
+    total = nt._values.shape[0]
+    if m.host_sizes is not None and not _is_traced(nt._values):
+        idx = layout.padded_row_index(m.host_sizes, nt.host_offsets(), nt._ragged, total, env)
+        idx = idx.to(nt._values.device, non_blocking=True)
+    else:
+        idx = layout.padded_row_index(nt._sizes, nt._offsets, nt._ragged, total, env)
+    if not _is_traced(nt._values):
+        m.derived[key] = idx
+    return idx
+
+
+def to_padded(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] | None = None) -> Tensor:
+    """Dense ``(B, *envelope)`` copy with ``value`` in padded positions. Differentiable; no sync
+    when the batch carries host metadata (collated and locally built batches do)."""
+    env = list(nt._env)
+    b = nt.batch_size
+    if output_size is not None:
+        output_size = list(output_size)
+        if len(output_size) != nt.dim():
+            raise ValueError(
+                f"to_padded(): output_size {tuple(output_size)} must have {nt.dim()} entries (batch included)"
+            )
+        if output_size[0] != b or any(o < e for o, e in zip(output_size[1:], env)):
+            raise RuntimeError(
+                "Value in output_size is less than NestedTensor padded size. Truncation is not supported."
+            )
+        target = output_size[1:]
+    else:
+        target = env
+    ragged = nt._ragged
+    order = nt.storage_order
+    vals = values_of(nt)
+    static = list(vals.shape[1:])
+    grid_rows = b * math.prod(target[d] for d in ragged)
+    idx = _padded_index(nt, target)
+    grid = vals.new_full((grid_rows, *static), value).index_copy(0, idx, vals)
+    grid = grid.reshape(b, *[target[d] for d in ragged], *static)
+    out = grid.permute(0, *[p + 1 for p in _inverse(order)])
+    static_targets = [target[d] for d in order[len(ragged):]]
+    if static_targets != static:
+        big = vals.new_full((b, *target), value)
+        big[(slice(None), *[slice(0, e) for e in out.shape[1:]])] = out
+        return big
+    return out.contiguous()
+
+
+def valid_mask(nt: NestedTensor) -> Tensor:
+    """Bool ``(B, *envelope)``, True at real elements. No sync with host metadata."""
+    env = list(nt._env)
+    b = nt.batch_size
+    ragged = nt._ragged
+    idx = _padded_index(nt, env)
+    grid = torch.zeros(b * math.prod(env[d] for d in ragged), dtype=torch.bool, device=nt.device)
+    grid = grid.index_fill(0, idx, True).reshape(b, *[env[d] for d in ragged])
+    # Put ragged dims at their sample positions, static dims as broadcast singletons.
+    shape = [b] + [1] * nt.sample_dim
+    for d in ragged:
+        shape[d + 1] = env[d]
+    sorted_r = sorted(ragged)
+    grid = grid.permute(0, *[1 + ragged.index(d) for d in sorted_r]).reshape(shape)
+    return grid.expand(b, *env).contiguous()
+
+
+def to_njt(nt: NestedTensor) -> Tensor:
+    """Convert to a ``torch.nested`` jagged tensor (one ragged dim only). Keeps autograd."""
+    if len(nt._ragged) != 1:
+        raise ValueError(
+            f"to_njt(): torch.nested supports one ragged dim; this NestedTensor has {nt.ragged_dims}. "
+            "Flatten the ragged dims first or keep it as a padless.NestedTensor."
+        )
+    r = nt._ragged[0]
+    vals = values_of(nt).movedim(0, r)
+    return torch.nested.nested_tensor_from_jagged(
+        vals, nt._offsets, jagged_dim=r + 1, max_seqlen=nt.max_seqlen()
+    )
+
+
+# ---------------------------------------------------------------------------- batch indexing
+
+
+def _batch_indices(index: Any, b: int) -> list[int]:
+    if isinstance(index, slice):
+        return list(range(b))[index]
+    if isinstance(index, Tensor):
+        if index.dtype == torch.bool:
+            if index.shape != (b,):
+                raise IndexError(f"boolean batch index must have shape ({b},), got {tuple(index.shape)}")
+            return index.cpu().nonzero().flatten().tolist()
+        if index.is_floating_point() or index.dim() != 1:
+            raise IndexError(f"batch index tensor must be 1-D integer or bool, got {index.dtype} {tuple(index.shape)}")
+        index = index.cpu().tolist()
+    out = []
+    for j in index:
+        if not isinstance(j, int) or isinstance(j, bool):
+            raise IndexError(f"batch index entries must be ints, got {j!r}")
+        if not -b <= j < b:
+            raise IndexError(f"index {j} is out of range for a batch of {b} samples")
+        out.append(j % b)
+    return out
+
+
+def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
+    """Sub-batch ``nt[index]`` for a slice, an index list, an int tensor or a bool mask.
+
+    A unit-step slice is a view of ``values``; other indices gather rows. Differentiable.
+    """
+    b = nt.batch_size
+    hs, ho = nt.host_sizes(), nt.host_offsets()
+    vals = values_of(nt)
+    if isinstance(index, slice) and index.step in (None, 1):
+        start, stop, _ = index.indices(b)
+        stop = max(start, stop)
+        lo, hi = int(ho[start]), int(ho[stop])
+        sub_vals = vals[lo:hi]
+        sub_sizes = hs[start:stop]
+        sub_offsets = ho[start : stop + 1] - lo
+    else:
+        idx = _batch_indices(index, b)
+        sel = torch.tensor(idx, dtype=torch.int64)
+        counts = (ho[1:] - ho[:-1]).index_select(0, sel)
+        sub_offsets = layout.offsets_from_counts(counts)
+        total = int(sub_offsets[-1])
+        sid = layout.row_sample_ids(sub_offsets, total)
+        rows = ho[:-1].index_select(0, sel).index_select(0, sid) + torch.arange(total) - sub_offsets[:-1].index_select(0, sid)
+        sub_vals = vals.index_select(0, rows.to(vals.device))
+        sub_sizes = hs.index_select(0, sel)
+    from padless.tensor.core import envelope_from_sizes
+
+    env = envelope_from_sizes(sub_sizes, nt._ragged, vals.shape[1:])
+    meta = StructureMeta(sub_sizes, sub_offsets)
+    dev = nt._offsets.device
+    return mark_dynamic(nested_from_values(
+        sub_vals, sub_offsets.to(dev, non_blocking=True), sub_sizes.to(dev, non_blocking=True), nt._ragged, env, meta
+    ))
+
+
+def getitem(nt: NestedTensor, index: Any) -> Tensor:
+    """``nt[i]`` -> dense sample i; ``nt[i, ...]`` indexes into it; slices/lists -> sub-batch."""
+    b = nt.batch_size
+    rest: tuple = ()
+    if isinstance(index, tuple):
+        if len(index) == 0:
+            return nt
+        index, rest = index[0], index[1:]
+    if index is Ellipsis and not rest:
+        return nt
+    if isinstance(index, int) and not isinstance(index, bool):
+        if not -b <= index < b:
+            raise IndexError(f"index {index} is out of range for a batch of {b} samples")
+        i = index % b
+        ho = nt.host_offsets()
+        rows = values_of(nt)[int(ho[i]) : int(ho[i + 1])]
+        sample = _sample_view(nt, rows, nt.host_sizes()[i].tolist())
+        return sample[rest] if rest else sample
+    if rest and any(r is not Ellipsis and r != slice(None) for r in rest):
+        raise NotImplementedError(
+            "NestedTensor indexing: only the batch dim can be indexed together with other dims when "
+            f"the batch index is an int (got {(index,) + rest!r}). Select samples first (nt[idx]) and "
+            "index each sample, or use the op layer's shape ops on static dims."
+        )
+    return select_samples(nt, index)

@@ -1,0 +1,539 @@
+"""The :class:`NestedTensor` representation and its two dispatch entry points."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+from torch.utils._pytree import tree_map_only
+
+from padless.tensor import layout
+from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, op_name
+
+
+class StructureMeta:
+    """Host metadata shared by every NestedTensor of one structure.
+
+    Operations that keep the structure (pointwise math, linear, dropout, moves)
+    hand the same ``StructureMeta`` to their output, so structure checks between
+    them are an identity test and derived metadata (``cu_seqlens``, row ids,
+    padded indices, coordinate maps) is computed once per batch.
+
+    ``host_sizes`` / ``host_offsets`` are CPU int64 tensors, or ``None`` when the
+    batch was built from device tensors and nobody paid for a sync yet.
+    ``derived`` maps a key such as ``("cu_seqlens", device)`` to a cached tensor.
+    """
+
+    __slots__ = ("host_sizes", "host_offsets", "derived")
+
+    def __init__(self, host_sizes: Tensor | None = None, host_offsets: Tensor | None = None):
+        self.host_sizes = host_sizes
+        self.host_offsets = host_offsets
+        self.derived: dict[Any, Any] = {}
+
+
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor  # noqa: E402
+from torch._subclasses.functional_tensor import FunctionalTensor as _FunctionalTensor  # noqa: E402
+
+_TRACED_TYPES = (_FakeTensor, _FunctionalTensor)
+
+
+def _is_traced(t: Tensor) -> bool:
+    """True for fake/functional/meta tensors: we are inside torch.compile or a meta trace."""
+    return (
+        isinstance(t, _TRACED_TYPES)
+        or t.device.type == "meta"
+        or torch._is_functional_tensor(t)
+        or torch.compiler.is_compiling()
+    )
+
+
+def _needs_grad(args: tuple, kwargs: dict) -> bool:
+    if not torch.is_grad_enabled():
+        return False
+    for a in args:
+        if isinstance(a, Tensor) and a.requires_grad:
+            return True
+    for a in kwargs.values():
+        if isinstance(a, Tensor) and a.requires_grad:
+            return True
+    return False
+
+
+def envelope_from_sizes(host_sizes: Tensor, ragged: Sequence[int], static_shape: Sequence[int]) -> list[int]:
+    """Padded extent of every sample dim, from host sizes (no device involved)."""
+    ndim = host_sizes.shape[1]
+    env = [0] * ndim
+    maxes = host_sizes.amax(0).tolist() if host_sizes.shape[0] > 0 else [0] * ndim
+    for d in ragged:
+        env[d] = int(maxes[d])
+    for d, s in zip(layout.static_dims(ndim, ragged), static_shape):
+        env[d] = int(s)
+    return env
+
+
+class NestedTensor(Tensor):
+    r"""A batch of differently shaped samples as one packed buffer plus their structure.
+
+    Layout (three samples of shape ``(L_i, 2)``, ``L = 2, 0, 3``, ragged dim 0)::
+
+        samples    [[a0 a1]    (empty)    [[c0 c1]
+                    [b0 b1]]               [d0 d1]
+                                           [e0 e1]]
+        values     [[a0 a1] [b0 b1] [c0 c1] [d0 d1] [e0 e1]]   shape (5, 2)
+        offsets    [0, 2, 2, 5]                                 int64 (B+1,)
+        sizes      [[2, 2], [0, 2], [3, 2]]                     int64 (B, D)
+        shape      (3, 3, 2)                                    padded envelope
+
+    Several dims can be ragged. A ``(C, H_i, W_i)`` image sample is stored as its
+    ``H_i * W_i`` pixels, each a row of ``C`` channels (ragged dims first, then the
+    static ones): ``values`` is ``(sum_i H_i W_i, C)`` and ``ragged_dims == (1, 2)``.
+    A ``(N_i, N_i, C)`` pair state is stored as ``N_i**2`` rows of ``C``.
+
+    Inner tensors (what ``torch.compile`` sees as runtime inputs): ``_values``,
+    ``_offsets``, ``_sizes`` (the latter two on the values' device). Static
+    attributes (fixed per compiled program point): ``_ragged``, the ragged sample
+    dims in storage order. Host metadata lives in a shared :class:`StructureMeta`.
+
+    ``shape`` is the padded envelope ``(B, max n_0, ..., max n_{D-1})`` so code
+    reading ``x.shape[-1]`` keeps working; storage is never padded.
+    """
+
+    # Declared once: everything else (flatten/unflatten, moves, equality, repr) derives from these.
+    _INNER: tuple[str, ...] = ("_values", "_offsets", "_sizes")
+    _ATTRS: tuple[str, ...] = ("_ragged",)
+
+    _values: Tensor
+    _offsets: Tensor
+    _sizes: Tensor
+    _ragged: tuple[int, ...]
+    _env: tuple
+    _meta: StructureMeta
+
+    @staticmethod
+    def __new__(
+        cls,
+        values: Tensor,
+        offsets: Tensor,
+        sizes: Tensor,
+        ragged: tuple[int, ...],
+        envelope: Sequence[int | torch.SymInt],
+        meta: StructureMeta | None = None,
+        requires_grad: bool = False,
+    ) -> "NestedTensor":
+        env = tuple(envelope)
+        self = Tensor._make_wrapper_subclass(
+            cls,
+            (sizes.shape[0], *env),
+            dtype=values.dtype,
+            device=values.device,
+            layout=values.layout,
+            requires_grad=requires_grad,
+        )
+        self._values = values
+        self._offsets = offsets
+        self._sizes = sizes
+        self._ragged = ragged
+        self._env = env  # padded extent per sample dim == shape[1:], without a torch-function call
+        self._meta = meta if meta is not None else StructureMeta()
+        return self
+
+    # ------------------------------------------------------------------ compile
+    def __tensor_flatten__(self) -> tuple[list[str], tuple]:
+        return list(self._INNER), tuple(getattr(self, a) for a in self._ATTRS)
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size: Sequence, outer_stride: Sequence) -> "NestedTensor":
+        (ragged,) = ctx
+        return NestedTensor(
+            inner["_values"], inner["_offsets"], inner["_sizes"], ragged, tuple(outer_size[1:])
+        )
+
+    def _stable_hash_for_caching(self) -> str:
+        """Key for AOTAutograd's cache: the static attributes (inner tensors are keyed by torch)."""
+        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}"
+
+    # ------------------------------------------------------------------ dispatch
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = FUNCTION_TABLE.get(func)
+        with torch._C.DisableTorchFunctionSubclass():
+            if handler is not None:
+                return handler(func, *args, **kwargs)
+            fast = FAST_POINTWISE.get(func)
+            if fast is not None and not _needs_grad(args, kwargs) and not torch.compiler.is_compiling():
+                return fast(func, args, kwargs)
+            return func(*args, **kwargs)
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        handler = ATEN_TABLE.get(func)
+        if handler is None:
+            handler = _generic_aten_handler(func)
+        if handler is None:
+            raise NotImplementedError(
+                f"padless: {op_name(func)} is not supported on NestedTensor "
+                f"(called with {describe_args(args, kwargs)}). No handler is registered at the "
+                "ATen level; if this op has a meaning on ragged data, please open an issue. "
+                "Workaround: operate on x.values() (packed rows) or on x.unbind() samples."
+            )
+        return handler(func, *args, **kwargs)
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def ragged_dims(self) -> tuple[int, ...]:
+        """Ragged sample dims (batch dim excluded), ascending. Never syncs."""
+        return tuple(sorted(self._ragged))
+
+    @property
+    def storage_order(self) -> tuple[int, ...]:
+        """Sample dims in the order rows and columns of ``values`` enumerate them. Never syncs."""
+        return layout.storage_order(self._sizes.shape[1], self._ragged)
+
+    @property
+    def sample_dim(self) -> int:
+        """Rank D of every sample (``self.dim() - 1``). Never syncs."""
+        return self._sizes.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        """Number of samples B. Never syncs."""
+        return self._sizes.shape[0]
+
+    def values(self) -> Tensor:  # type: ignore[override]
+        """Packed buffer ``(T, *static)``, differentiable (gradients reach this NestedTensor).
+
+        Never syncs; no copy.
+        """
+        from padless.tensor.autograd import values_of
+
+        return values_of(self)
+
+    def offsets(self) -> Tensor:
+        """Row offsets into ``values``, int64 ``(B+1,)`` on the values' device. Never syncs."""
+        return self._offsets
+
+    def sizes(self) -> Tensor:
+        """Exact shape of every sample, int64 ``(B, D)`` on the values' device. Never syncs."""
+        return self._sizes
+
+    def lengths(self) -> Tensor:
+        """Length of every sample along the only ragged dim, int64 ``(B,)``. Never syncs."""
+        if len(self._ragged) != 1:
+            raise ValueError(
+                f"lengths(): this NestedTensor has {len(self._ragged)} ragged dims {self.ragged_dims}; "
+                "lengths() needs exactly one. Use sizes()[:, d] for ragged dim d."
+            )
+        return self._sizes[:, self._ragged[0]]
+
+    def host_sizes(self) -> Tensor:
+        """``sizes`` on the CPU. Cached; syncs once only if the batch was built on a device
+        without host metadata (collated batches always carry it)."""
+        m = self._meta
+        if m.host_sizes is None:
+            m.host_sizes = self._sizes.cpu()
+        return m.host_sizes
+
+    def host_offsets(self) -> Tensor:
+        """``offsets`` on the CPU. Cached; same sync rule as :meth:`host_sizes`."""
+        m = self._meta
+        if m.host_offsets is None:
+            m.host_offsets = self._offsets.cpu()
+        return m.host_offsets
+
+    def cu_seqlens(self) -> Tensor:
+        """Row offsets as int32 on the values' device (flash-attention's ``cu_seqlens``).
+
+        Cached per structure. Never syncs: made from the host copy when there is one
+        (one host-to-device copy), else from ``offsets`` on the device.
+        """
+        key = ("cu_seqlens", self._offsets.device)
+        m = self._meta
+        hit = m.derived.get(key)
+        if hit is None:
+            src = m.host_offsets if m.host_offsets is not None else self._offsets
+            hit = src.to(dtype=torch.int32).to(self._offsets.device, non_blocking=True)
+            if not _is_traced(self._offsets):
+                m.derived[key] = hit
+        return hit
+
+    def max_seqlen(self, dim: int | None = None) -> int:
+        """Largest extent along a ragged dim, as a python int (SymInt under compile).
+
+        Read from the padded envelope: never syncs. ``dim`` is a sample dim
+        (batch excluded) and may be omitted when there is one ragged dim.
+        """
+        if dim is None:
+            if len(self._ragged) != 1:
+                raise ValueError(
+                    f"max_seqlen(): this NestedTensor has ragged dims {self.ragged_dims}; pass dim="
+                )
+            dim = self._ragged[0]
+        return self._env[dim]
+
+    def partitions(self) -> tuple[Tensor, ...]:
+        """Host row splits per ragged level (see :func:`padless.tensor.layout.partitions`).
+
+        Cached per structure; uses host sizes (see :meth:`host_sizes`)."""
+        m = self._meta
+        hit = m.derived.get("partitions")
+        if hit is None:
+            hit = layout.partitions(self.host_sizes(), self._ragged)
+            m.derived["partitions"] = hit
+        return hit
+
+    def row_sample_ids(self) -> Tensor:
+        """Sample index of every row of ``values`` (int64, values' device). Cached, no sync."""
+        key = ("row_ids", self._values.device)
+        m = self._meta
+        hit = m.derived.get(key)
+        if hit is None:
+            if m.host_offsets is not None and not _is_traced(self._values):
+                hit = layout.row_sample_ids(m.host_offsets, self._values.shape[0])
+                hit = hit.to(self._values.device, non_blocking=True)
+            else:
+                hit = layout.row_sample_ids(self._offsets, self._values.shape[0])
+            if not _is_traced(self._values):
+                m.derived[key] = hit
+        return hit
+
+    def numel(self) -> int:  # type: ignore[override]
+        """Number of real (unpadded) elements. Never syncs."""
+        return self._values.numel()
+
+    def padded_numel(self) -> int:
+        """Elements of the padded envelope ``prod(shape)``. Never syncs."""
+        return math.prod(self.shape)
+
+    def occupancy(self) -> float:
+        """Real elements over padded-envelope elements (1.0 means no padding saved). Never syncs."""
+        env = self.padded_numel()
+        return self.numel() / env if env else 1.0
+
+    def same_structure(self, other: "NestedTensor") -> bool:
+        """True when both hold samples of identical shapes in the same layout.
+
+        Free when both share metadata or host sizes; otherwise compares device sizes (syncs).
+        """
+        return _structure_mismatch(self, other) is None
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        head = (
+            f"NestedTensor(batch={self.batch_size}, envelope={tuple(self.shape)}, "
+            f"ragged_dims={self.ragged_dims}, dtype={self.dtype}, device={self.device}"
+        )
+        if self.grad_fn is not None:
+            head += f", grad_fn=<{type(self.grad_fn).__name__}>"
+        elif self.requires_grad:
+            head += ", requires_grad=True"
+        if _is_traced(self._values):
+            return head + ")"
+        from padless.tensor.convert import unbind_samples
+
+        with torch.no_grad():
+            samples = unbind_samples(self, differentiable=False)
+        body = ",\n".join("  " + repr(s).replace("\n", "\n  ") for s in samples)
+        return head + ")[\n" + body + "\n]"
+
+    __str__ = __repr__
+
+    def __reduce_ex__(self, protocol):
+        return (
+            _rebuild_nested,
+            (
+                self._values.detach(),
+                self._offsets,
+                self._sizes,
+                self._ragged,
+                tuple(int(s) for s in self._env),
+                self._meta.host_sizes,
+                self._meta.host_offsets,
+                self.requires_grad,
+            ),
+        )
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        if not self.is_leaf:
+            raise RuntimeError(
+                "NestedTensor.__deepcopy__: only leaf NestedTensors support deepcopy "
+                "(same rule as torch.Tensor); call .detach() first"
+            )
+        meta = StructureMeta(
+            None if self._meta.host_sizes is None else self._meta.host_sizes.clone(),
+            None if self._meta.host_offsets is None else self._meta.host_offsets.clone(),
+        )
+        with torch.no_grad():
+            out = NestedTensor(
+                self._values.clone(),
+                self._offsets.clone(),
+                self._sizes.clone(),
+                self._ragged,
+                self._env,
+                meta,
+                requires_grad=self.requires_grad,
+            )
+        memo[id(self)] = out
+        return out
+
+
+def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad):
+    """Unpickling entry point (registered as a safe global for ``torch.load(weights_only=True)``)."""
+    return NestedTensor(
+        values, offsets, sizes, tuple(ragged), tuple(envelope), StructureMeta(host_sizes, host_offsets),
+        requires_grad=requires_grad,
+    )
+
+
+# ---------------------------------------------------------------------------- helpers for handlers
+
+
+def mark_dynamic(nt: NestedTensor) -> NestedTensor:
+    """Tell ``torch.compile`` that batch size, ragged extents and row counts vary.
+
+    Called by every user-facing constructor, so a compiled function sees these
+    dims as symbolic from its first call: new lengths or a new batch size reuse
+    the same graph instead of recompiling. (0 and 1 are still specialised by
+    dynamo, as for any tensor.)
+    """
+    if not torch.compiler.is_compiling():
+        outer = {0, *(r + 1 for r in nt._ragged)}
+        _weak_dynamic(nt, outer)
+        _weak_dynamic(nt._values, {0})
+        _weak_dynamic(nt._offsets, {0})
+        _weak_dynamic(nt._sizes, {0})
+    return nt
+
+
+def _weak_dynamic(t: Tensor, dims: set) -> None:
+    cur = getattr(t, "_dynamo_weak_dynamic_indices", None)
+    if cur is None:
+        t._dynamo_weak_dynamic_indices = set(dims)
+    else:
+        cur.update(dims)
+    t._has_dynamo_dim_marking = True
+
+
+
+def wrap_like(values: Tensor, like: NestedTensor) -> NestedTensor:
+    """New NestedTensor with ``like``'s structure around ``values`` (no autograd link)."""
+    if values.shape[1:] == like._values.shape[1:]:
+        return NestedTensor(values, like._offsets, like._sizes, like._ragged, like._env, like._meta)
+    return wrap_static_change(values, like)
+
+
+def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
+    """Like :func:`wrap_like` when the static extents changed (e.g. ``(L, 1) * (4,)``)."""
+    ndim = like.sample_dim
+    static = layout.static_dims(ndim, like._ragged)
+    if values.dim() - 1 != len(static):
+        raise RuntimeError(
+            f"padless internal: values of rank {values.dim()} do not fit a layout with "
+            f"{len(static)} static dims"
+        )
+    new_static = torch.tensor(list(values.shape[1:]), dtype=torch.int64)
+    sizes = like._sizes.clone()
+    if len(static):
+        sizes[:, list(static)] = new_static.to(sizes.device)
+    meta = StructureMeta()
+    if like._meta.host_sizes is not None:
+        hs = like._meta.host_sizes.clone()
+        if len(static):
+            hs[:, list(static)] = new_static
+        meta.host_sizes = hs
+        meta.host_offsets = like._meta.host_offsets
+    env = list(like._env)
+    for d, s in zip(static, values.shape[1:]):
+        env[d] = s
+    return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+
+
+def _fmt_shape(row: Sequence[int]) -> str:
+    return "(" + ", ".join(str(int(x)) for x in row) + (",)" if len(row) == 1 else ")")
+
+
+def _structure_mismatch(a: NestedTensor, b: NestedTensor) -> str | None:
+    """None when a and b have the same structure, else a message naming the first differing sample."""
+    if a._meta is b._meta or a._sizes is b._sizes:
+        return None if a._ragged == b._ragged else _layout_msg(a, b)
+    if a.batch_size != b.batch_size:
+        return f"batch sizes differ: {a.batch_size} vs {b.batch_size}"
+    if a.sample_dim != b.sample_dim:
+        return f"sample ranks differ: {a.sample_dim} vs {b.sample_dim}"
+    if set(a._ragged) != set(b._ragged):
+        return f"ragged dims differ: {a.ragged_dims} vs {b.ragged_dims}"
+    if a._ragged != b._ragged:
+        return _layout_msg(a, b)
+    if _is_traced(a._sizes) or _is_traced(b._sizes):
+        # Under torch.compile sizes are runtime data; equal row counts is all we can check.
+        return None
+    if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
+        sa, sb = a._meta.host_sizes, b._meta.host_sizes
+    else:
+        sa, sb = a._sizes, b._sizes.to(a._sizes.device)
+    if torch.equal(sa, sb):
+        if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
+            b._meta = a._meta  # same structure: share metadata, so the next check is an identity test
+        return None
+    rdims = list(a._ragged)
+    ra, rb = sa[:, rdims], sb[:, rdims]
+    if torch.equal(ra, rb):
+        return None
+    bad = int((ra != rb).any(1).nonzero()[0, 0])
+    return f"sample {bad} has {_fmt_shape(sa[bad].tolist())}, other has {_fmt_shape(sb[bad].tolist())}"
+
+
+def _layout_msg(a: NestedTensor, b: NestedTensor) -> str:
+    return (
+        f"storage orders differ: ragged dims stored as {a._ragged} vs {b._ragged} "
+        "(one of them was transposed); call .contiguous() on both"
+    )
+
+
+def check_same_structure(opname: str, a: NestedTensor, b: NestedTensor) -> None:
+    msg = _structure_mismatch(a, b)
+    if msg is not None:
+        raise ValueError(f"{opname}(): ragged structures differ: {msg}")
+
+
+# ---------------------------------------------------------------------------- generic aten path
+
+_GENERIC_CACHE: dict[Any, Any] = {}
+
+
+def _generic_aten_handler(func):
+    hit = _GENERIC_CACHE.get(func, False)
+    if hit is not False:
+        return hit
+    handler = None
+    if torch.Tag.pointwise in func.tags:
+        from padless.ops.pointwise import pointwise_aten
+
+        handler = pointwise_aten
+    _GENERIC_CACHE[func] = handler
+    return handler
+
+
+def inner_tensors(nt: NestedTensor) -> list[Tensor]:
+    return [getattr(nt, n) for n in nt._INNER]
+
+
+def unwrap_all(args: Any) -> Any:
+    """Replace every NestedTensor in a pytree by its values (no checks)."""
+    return tree_map_only(NestedTensor, lambda t: t._values, args)
+
+
+def warn_once(key: Any, msg: str) -> None:
+    if key in _WARNED:
+        return
+    _WARNED.add(key)
+    warnings.warn(msg, stacklevel=3)
+
+
+_WARNED: set = set()

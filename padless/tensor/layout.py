@@ -1,0 +1,100 @@
+"""Index arithmetic of the packed layout.
+
+A batch of B samples of rank D is stored as one ``values`` tensor ``(T, *static)``.
+Sample i holds ``prod(sizes[i, r] for r in ragged)`` rows starting at
+``offsets[i]``; its rows enumerate the ragged dims in *storage order*
+(row-major over ``ragged``), and each row holds the static dims in sample order.
+
+Every function here is written with tensor ops only (no ``.item()``), so the same
+code builds host metadata in eager mode and traces under ``torch.compile``.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+
+def storage_order(ndim: int, ragged: Sequence[int]) -> tuple[int, ...]:
+    """Sample dims in storage order: the ragged dims (as stored), then the static ones."""
+    rs = tuple(ragged)
+    return rs + tuple(d for d in range(ndim) if d not in rs)
+
+
+def static_dims(ndim: int, ragged: Sequence[int]) -> tuple[int, ...]:
+    return tuple(d for d in range(ndim) if d not in ragged)
+
+
+def row_counts(sizes: Tensor, ragged: Sequence[int]) -> Tensor:
+    """Rows per sample: the product of each sample's ragged extents (int64, ``(B,)``)."""
+    if len(ragged) == 0:
+        return torch.ones(sizes.shape[0], dtype=torch.int64, device=sizes.device)
+    return sizes[:, list(ragged)].prod(dim=1)
+
+
+def offsets_from_counts(counts: Tensor) -> Tensor:
+    out = torch.zeros(counts.shape[0] + 1, dtype=torch.int64, device=counts.device)
+    torch.cumsum(counts, 0, out=out[1:])
+    return out
+
+
+def row_sample_ids(offsets: Tensor, total: int | torch.SymInt) -> Tensor:
+    """Sample index of every row, ``(T,)`` int64, without a host sync."""
+    counts = offsets[1:] - offsets[:-1]
+    b = counts.shape[0]
+    return torch.repeat_interleave(
+        torch.arange(b, device=offsets.device), counts, output_size=total
+    )
+
+
+def row_coords(
+    sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total: int | torch.SymInt
+) -> tuple[Tensor, list[Tensor]]:
+    """Per row: its sample id and its coordinate along each ragged dim (storage order)."""
+    sid = row_sample_ids(offsets, total)
+    local = torch.arange(total, device=offsets.device) - offsets[:-1].index_select(0, sid)
+    coords: list[Tensor] = []
+    for d in reversed(tuple(ragged)):
+        n = sizes[:, d].index_select(0, sid)
+        coords.append(torch.remainder(local, n.clamp_min(1)))
+        local = torch.div(local, n.clamp_min(1), rounding_mode="floor")
+    coords.reverse()
+    return sid, coords
+
+
+def padded_row_index(
+    sizes: Tensor,
+    offsets: Tensor,
+    ragged: Sequence[int],
+    total: int | torch.SymInt,
+    envelope: Sequence[int | torch.SymInt],
+) -> Tensor:
+    """Flat index of every packed row inside the padded ``(B, *envelope[ragged])`` grid.
+
+    ``envelope`` holds the padded extent of every sample dim (sample order).
+    """
+    sid, coords = row_coords(sizes, offsets, ragged, total)
+    flat = sid
+    for d, c in zip(ragged, coords):
+        flat = flat * envelope[d] + c
+    return flat
+
+
+def partitions(sizes: Tensor, ragged: Sequence[int]) -> tuple[Tensor, ...]:
+    """Row splits per ragged level (storage order), like nested row splits.
+
+    For samples ``(N_i, M_i, C)`` with ragged ``(0, 1)``: level 0 has ``B + 1``
+    entries (cumsum of ``N_i``), level 1 has ``1 + sum(N_i)`` entries, each group
+    holding ``M_i`` rows. The last level splits rows of ``values``.
+    """
+    # The group count at level l is sum_i prod_{j<l} n_{i,j}.
+    groups_per_sample = torch.ones(sizes.shape[0], dtype=torch.int64, device=sizes.device)
+    out = []
+    for d in ragged:
+        n = sizes[:, d]
+        per_group = torch.repeat_interleave(n, groups_per_sample)
+        out.append(offsets_from_counts(per_group))
+        groups_per_sample = groups_per_sample * n
+    return tuple(out)

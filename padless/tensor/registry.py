@@ -1,0 +1,128 @@
+"""Handler registries for the two dispatch layers of :class:`NestedTensor`.
+
+padless intercepts PyTorch at two levels:
+
+* ``__torch_function__`` (Python API level): ops whose meaning depends on the
+  ragged structure (reductions, linear, layer_norm, shape ops, attention,
+  conversions). Handlers compute on the packed ``values`` with ordinary torch
+  ops, so autograd flows through ``values``. Register with :func:`implements`.
+* ``__torch_dispatch__`` (ATen level, below autograd): pointwise math, copies,
+  moves and the handful of ops the autograd engine itself calls on gradients.
+  Register with :func:`implements_aten`.
+
+Registering the same op twice is an error, so two modules can never silently
+fight over an op. Each handler declares what it accepts; the table can be
+printed with ``python -m padless.ops``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+import torch
+
+Handler = Callable[..., Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class HandlerInfo:
+    """One registered handler: which op, which layer, what it accepts."""
+
+    op: Any
+    layer: str  # "function" or "aten"
+    handler: Handler
+    accepts: str  # human-readable, e.g. "packed", "packed, dense weight"
+    module: str
+
+
+FUNCTION_TABLE: dict[Any, Handler] = {}
+ATEN_TABLE: dict[Any, Handler] = {}
+# Torch-level callables that are elementwise: when no gradient is needed they run
+# straight on ``values`` from ``__torch_function__`` (skipping the ATen round trip).
+# Maps callable -> runner(func, args, kwargs).
+FAST_POINTWISE: dict[Any, Handler] = {}
+_INFO: dict[tuple[str, Any], HandlerInfo] = {}
+
+
+class RegistrationError(RuntimeError):
+    """Raised when an op is registered twice on the same layer."""
+
+
+_MODULE_ALIASES = {"torch._C._nn": "torch.nn.functional", "torch._C._VariableFunctions": "torch", "torch._C": "torch"}
+
+
+def op_name(op: Any) -> str:
+    """A readable name for a torch callable or an ATen overload."""
+    if isinstance(op, torch._ops.OpOverload):
+        return str(op)
+    name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
+    if name is None:
+        return repr(op)
+    name = name.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.", "")
+    if name.startswith("Tensor."):
+        return f"torch.{name}"
+    mod = getattr(op, "__module__", None) or "torch"
+    mod = _MODULE_ALIASES.get(mod, mod)
+    return f"{mod}.{name}"
+
+
+def _register(table: dict, layer: str, ops: Iterable[Any], accepts: str) -> Callable[[Handler], Handler]:
+    def deco(fn: Handler) -> Handler:
+        for op in ops:
+            if op in table:
+                prev = _INFO[(layer, op)]
+                raise RegistrationError(
+                    f"padless: {op_name(op)} already has a {layer}-level handler "
+                    f"({prev.handler.__name__} in {prev.module}); refusing to register "
+                    f"{fn.__name__} from {fn.__module__}"
+                )
+            table[op] = fn
+            _INFO[(layer, op)] = HandlerInfo(op, layer, fn, accepts, fn.__module__)
+        return fn
+
+    return deco
+
+
+def implements(*ops: Any, accepts: str = "packed") -> Callable[[Handler], Handler]:
+    """Register a ``__torch_function__``-level handler for one or more torch callables.
+
+    The handler is called as ``handler(func, *args, **kwargs)`` with torch-function
+    subclass dispatch disabled, so inside it torch ops on plain tensors run normally.
+    """
+    return _register(FUNCTION_TABLE, "function", ops, accepts)
+
+
+def implements_aten(*ops: Any, accepts: str = "packed") -> Callable[[Handler], Handler]:
+    """Register a ``__torch_dispatch__``-level handler for ATen overloads (or packets)."""
+    expanded = []
+    for op in ops:
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            expanded.extend(getattr(op, o) for o in op.overloads())
+        else:
+            expanded.append(op)
+    return _register(ATEN_TABLE, "aten", expanded, accepts)
+
+
+def registered() -> list[HandlerInfo]:
+    """Every registered handler, function layer first, sorted by op name."""
+    return sorted(_INFO.values(), key=lambda h: (h.layer != "function", op_name(h.op)))
+
+
+def describe_args(args: tuple, kwargs: dict) -> str:
+    """Short type description of call arguments for error messages."""
+
+    def one(a: Any) -> str:
+        from padless.tensor.core import NestedTensor
+
+        if isinstance(a, NestedTensor):
+            return f"NestedTensor(ragged_dims={a.ragged_dims}, dtype={a.dtype})"
+        if isinstance(a, torch.Tensor):
+            return f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype})"
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(one(x) for x in a[:4])
+            return f"{type(a).__name__}[{inner}{', ...' if len(a) > 4 else ''}]"
+        return type(a).__name__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
