@@ -10,14 +10,19 @@ import torch
 from torch import Tensor
 
 from padless.tensor.convert import getitem, unbind_samples
-from padless.tensor.core import NestedTensor, StructureMeta, check_same_structure, wrap_like
+from padless.tensor.core import NestedTensor, StructureMeta, check_same_structure, inner_tensors, wrap_like
 from padless.tensor.registry import implements, implements_aten
 
 aten = torch.ops.aten
 
 
-def _rebuild(nt: NestedTensor, values: Tensor, offsets: Tensor, sizes: Tensor) -> NestedTensor:
-    return NestedTensor(values, offsets, sizes, nt._ragged, nt._env, nt._meta)
+def _with_inner(nt: NestedTensor, tensors: list[Tensor]) -> NestedTensor:
+    """``nt``'s structure around new inner tensors, given in ``NestedTensor._INNER`` order."""
+    inner = dict(zip(nt._INNER, tensors))
+    attrs = tuple(getattr(nt, a) for a in nt._ATTRS)
+    out = NestedTensor.__tensor_unflatten__(inner, attrs, (nt.batch_size, *nt._env), None)
+    out._meta = nt._meta
+    return out
 
 
 # ---------------------------------------------------------------------------- ATen level
@@ -72,8 +77,9 @@ def pin_memory(func, nt: NestedTensor, device=None) -> NestedTensor:
         None if m.host_sizes is None else m.host_sizes.pin_memory(),
         None if m.host_offsets is None else m.host_offsets.pin_memory(),
     )
-    pinned = [func(t, device) for t in (nt._values, nt._offsets, nt._sizes)]
-    return NestedTensor(*pinned, nt._ragged, nt._env, meta)
+    out = _with_inner(nt, [func(t, device) for t in inner_tensors(nt)])
+    out._meta = meta
+    return out
 
 
 @implements_aten(aten.is_pinned.default)
@@ -83,7 +89,7 @@ def is_pinned(func, nt: NestedTensor, device=None) -> bool:
 
 @implements_aten(aten.record_stream.default)
 def record_stream(func, nt: NestedTensor, stream) -> None:
-    for t in (nt._values, nt._offsets, nt._sizes):
+    for t in inner_tensors(nt):
         func(t, stream)
 
 
@@ -157,7 +163,7 @@ def tolist(func, nt: NestedTensor):
 
 @implements(torch.Tensor.share_memory_)
 def share_memory_(func, nt: NestedTensor) -> NestedTensor:
-    for t in (nt._values, nt._offsets, nt._sizes):
+    for t in inner_tensors(nt):
         t.share_memory_()
     return nt
 

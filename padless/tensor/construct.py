@@ -423,15 +423,15 @@ def from_values(
                 raise ValueError(f"{what}: offsets/lengths describe one ragged dim; for several pass sizes=")
             r = r[0]
         ragged = (r,)
-        static_t = torch.tensor(static, dtype=torch.int64, device=lengths.device)
-        cols = [static_t[None, :].expand(lengths.shape[0], len(static))] if static else []
-        sd = list(static)
         sizes = torch.empty(lengths.shape[0], ndim, dtype=torch.int64, device=lengths.device)
         sizes[:, r] = lengths
         if static:
-            sizes[:, [d for d in range(ndim) if d != r]] = cols[0]
-        host_sizes = sizes if sizes.device.type == "cpu" else (sizes.cpu() if validate or max_seqlen is None else None)
-        del sd
+            static_cols = [d for d in range(ndim) if d != r]
+            sizes[:, static_cols] = torch.tensor(static, dtype=torch.int64, device=lengths.device)
+        if sizes.device.type == "cpu":
+            host_sizes = sizes
+        else:
+            host_sizes = sizes.cpu() if validate or max_seqlen is None else None
     host_offsets = None
     if host_sizes is not None:
         host_offsets = layout.offsets_from_counts(layout.row_counts(host_sizes, ragged))
