@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from padless.tensor.core import NestedTensor, check_same_structure, wrap_like
+from padless.tensor.core import NestedTensor, _structure_mismatch, wrap_like
 from padless.tensor.registry import FAST_POINTWISE, implements_aten
 
 aten = torch.ops.aten
@@ -108,12 +108,24 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
     if "out" in kwargs:
         raise NotImplementedError(f"{opname}(): out= is not supported with NestedTensor operands")
 
+    aligned: dict[int, Tensor] = {}
+    nts = _nested_operands(args, kwargs)
+    if len(nts) > 1 and _needs_broadcast(ref, nts):
+        from padless.ops import broadcast
+
+        p = broadcast.plan(str(opname), nts)
+        if inplace and (p.rows[0] is not None or p.squeeze[0]):
+            raise ValueError(
+                f"{opname}(): an in-place op cannot change the structure of its first operand "
+                f"(ragged dims {ref.ragged_dims}) to the broadcast result's {p.template.ragged_dims}"
+            )
+        for n, rows, sq in zip(nts, p.rows, p.squeeze):
+            aligned[id(n)] = broadcast.align(n._values, rows, sq)
+        ref = p.template
     new_args = []
     for a in args:
         if isinstance(a, NestedTensor):
-            if a is not ref and (a._meta is not ref._meta or a._ragged != ref._ragged):
-                check_same_structure(opname, ref, a)
-            a = a._values
+            a = aligned.get(id(a), a._values)
         elif isinstance(a, Tensor):
             a = dense_to_rows(opname, a, ref)
         new_args.append(a)
@@ -122,9 +134,7 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
         new_kwargs = {}
         for k, a in kwargs.items():
             if isinstance(a, NestedTensor):
-                if a is not ref and (a._meta is not ref._meta or a._ragged != ref._ragged):
-                    check_same_structure(opname, ref, a)
-                a = a._values
+                a = aligned.get(id(a), a._values)
             elif isinstance(a, Tensor):
                 a = dense_to_rows(opname, a, ref)
             new_kwargs[k] = a
@@ -140,6 +150,24 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
     if isinstance(out, tuple):
         return tuple(wrap_like(o, ref) for o in out)
     return wrap_like(out, ref)
+
+
+def _nested_operands(args, kwargs) -> list[NestedTensor]:
+    out: list[NestedTensor] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, NestedTensor) and all(a is not b for b in out):
+            out.append(a)
+    return out
+
+
+def _needs_broadcast(ref: NestedTensor, nts: list[NestedTensor]) -> bool:
+    """False when every operand has ``ref``'s structure (the common case: an identity test)."""
+    for n in nts[1:]:
+        if n._meta is ref._meta and n._ragged == ref._ragged:
+            continue
+        if _structure_mismatch(ref, n) is not None:
+            return True
+    return False
 
 
 class _LazyName:
@@ -242,61 +270,32 @@ implements_aten(*_resolve(_UNTAGGED_ELEMENTWISE), accepts="packed, dense or scal
 def sum_dim(func, nt: NestedTensor, dim=None, keepdim: bool = False, *, dtype=None):
     """ATen-level ``sum`` over dims of a NestedTensor.
 
-    This is what autograd's ``sum_to_size`` calls when a dense operand was broadcast
-    against a NestedTensor. Supported: reducing the batch dim together with every
-    ragged dim (-> dense), reducing every ragged dim but not the batch dim (-> dense
-    per-sample, a segmented sum), or static dims only (-> NestedTensor).
+    Autograd's ``sum_to_size`` calls this for operands that were broadcast: reducing
+    the batch dim together with every ragged dim (a dense operand broadcast over the
+    whole batch), or any dims inside the samples (a per-sample dense operand, or a
+    NestedTensor broadcast along a pair axis) through the segmented reductions.
     """
     nd = len(nt._env) + 1
     dims = set(range(nd)) if dim is None or len(dim) == 0 else {d % nd for d in dim}
     ragged_outer = {r + 1 for r in nt._ragged}
-    static_outer = set(range(1, nd)) - ragged_outer
-    vals = nt._values
-    static_pos = sorted(static_outer)
-    red_static = [1 + static_pos.index(d) for d in sorted(dims & static_outer)]
-    if ragged_outer <= dims:
-        if 0 in dims:
-            out = vals.sum(dim=[0] + red_static, keepdim=True, dtype=dtype)
-            lead = 1
-        else:
-            b = nt.batch_size
-            part = vals.sum(dim=red_static, keepdim=True, dtype=dtype) if red_static else vals.to(dtype or vals.dtype)
-            out = part.new_zeros((b, *part.shape[1:])).index_add_(0, nt.row_sample_ids(), part)
-            lead = b
-        # Rebuild the keepdim shape in sample order, then drop reduced dims if needed.
-        full = [lead]
-        it = iter(out.shape[1:])
-        for d in range(1, nd):
-            full.append(1 if d in ragged_outer else next(it))
-        out = out.reshape(full)
-        if not keepdim:
-            out = out.squeeze(tuple(sorted(dims)))
-        return out
-    if dims & ({0} | ragged_outer):
+    if 0 not in dims:
+        from padless.ops.reduce import sum_raw
+
+        return sum_raw(nt, [d - 1 for d in sorted(dims)], keepdim, dtype)
+    if not ragged_outer <= dims:
         raise NotImplementedError(
-            f"sum(): ATen-level sum over dims {sorted(dims)} of a NestedTensor with ragged dims "
-            f"{sorted(ragged_outer)}; ragged reductions are provided by the op layer's torch-level "
-            "reductions (torch.sum / Tensor.sum)"
+            f"sum(): reducing the batch dim of a NestedTensor needs every ragged dim reduced too "
+            f"(ragged dims {sorted(ragged_outer)}, got dims {sorted(dims)})"
         )
-    out = vals.sum(dim=red_static, keepdim=keepdim, dtype=dtype)
-    if keepdim:
-        return wrap_like(out, nt)
-    return _drop_static(nt, out, sorted(dims))
-
-
-def _drop_static(nt: NestedTensor, values: Tensor, dropped_outer: list[int]) -> NestedTensor:
-    """NestedTensor whose static sample dims ``dropped_outer`` were reduced away."""
-    from padless.tensor.core import StructureMeta
-
-    dropped = [d - 1 for d in dropped_outer]
-    keep = [d for d in range(nt.sample_dim) if d not in dropped]
-    remap = {d: i for i, d in enumerate(keep)}
-    ragged = tuple(remap[r] for r in nt._ragged)
-    sizes = nt._sizes[:, keep]
-    m = nt._meta
-    meta = StructureMeta(None if m.host_sizes is None else m.host_sizes[:, keep], m.host_offsets)
-    env = [nt._env[d] for d in keep]
-    return NestedTensor(values, nt._offsets, sizes, ragged, env, meta)
+    static_outer = sorted(set(range(1, nd)) - ragged_outer)
+    red_static = [1 + static_outer.index(d) for d in sorted(dims) if d in static_outer]
+    out = nt._values.sum(dim=[0] + red_static, keepdim=True, dtype=dtype)
+    full = [1]
+    it = iter(out.shape[1:])
+    for d in range(1, nd):
+        full.append(1 if d in ragged_outer else next(it))
+    out = out.reshape(full)
+    return out if keepdim else out.squeeze(tuple(sorted(dims)))
 
 
 @implements_aten(aten.sum.default)

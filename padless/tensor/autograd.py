@@ -18,6 +18,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, wrap_like
 
 
@@ -44,11 +45,39 @@ class _ValuesView(torch.autograd.Function):
 class _NestedView(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: Tensor, offsets, sizes, ragged, envelope, meta) -> NestedTensor:  # type: ignore[override]
-        return NestedTensor(values.detach(), offsets, sizes, ragged, envelope, meta)
+        out = NestedTensor(values.detach(), offsets, sizes, ragged, envelope, meta)
+        ctx.out = (offsets, sizes, ragged, tuple(envelope), out._meta)
+        return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        return _grad_values(grad), None, None, None, None, None
+        return _conform(grad, ctx.out), None, None, None, None, None
+
+
+def _conform(grad: Tensor, struct: tuple) -> Tensor:
+    """The gradient's rows in the layout of the forward output.
+
+    Autograd hands a NestedTensor input the gradient of an op's *output*; when the
+    input was stored in another order (a transposed pair), its rows are permuted.
+    """
+    values = _grad_values(grad)
+    offsets, sizes, ragged, envelope, meta = struct
+    if grad._meta is meta or grad._ragged == ragged:
+        return values
+    if set(grad._ragged) != set(ragged):
+        raise RuntimeError(
+            f"padless: gradient with ragged dims {grad.ragged_dims} cannot flow into a NestedTensor with "
+            f"ragged dims {tuple(sorted(ragged))}"
+        )
+    key = ("relayout", grad._ragged, ragged)
+    idx = meta.derived.get(key)
+    if idx is None:
+        hs = meta.host_sizes if meta.host_sizes is not None else sizes.cpu()
+        ho = meta.host_offsets if meta.host_offsets is not None else offsets.cpu()
+        _, idx = layout.relayout_rows(hs, ho, grad._ragged, ragged, values.shape[0])
+        idx = idx.to(values.device, non_blocking=True)
+        meta.derived[key] = idx
+    return values.index_select(0, idx)
 
 
 def values_of(nt: NestedTensor) -> Tensor:

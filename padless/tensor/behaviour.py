@@ -122,9 +122,18 @@ def fill_(func, nt: NestedTensor, *args) -> NestedTensor:
     aten.new_empty.default, aten.new_zeros.default, aten.new_ones.default, aten.new_full.default,
     aten.new_empty_strided.default,
 )
-def new_factory(func, nt: NestedTensor, *args, **kwargs) -> Tensor:
-    """``x.new_zeros(size)`` and friends: a dense tensor of the given size (like torch)."""
-    return func(nt._values, *args, **kwargs)
+def new_factory(func, nt: NestedTensor, size, *args, **kwargs) -> Tensor:
+    """``x.new_zeros(size)`` and friends.
+
+    A size equal to the envelope ``x.shape`` means "another tensor like x" (this is what
+    autograd asks for when it lays out a gradient), so the result keeps x's structure;
+    any other size gives a dense tensor, as in torch.
+    """
+    if tuple(size) != tuple(nt.shape):
+        return func(nt._values, size, *args, **kwargs)
+    if func is aten.new_empty_strided.default:
+        return wrap_like(nt._values.new_empty(nt._values.shape, **kwargs), nt)
+    return wrap_like(func(nt._values, nt._values.shape, *args, **kwargs), nt)
 
 
 @implements_aten(aten.is_same_size.default)
@@ -175,14 +184,20 @@ def is_shared(func, nt: NestedTensor) -> bool:
 
 @implements(torch.Tensor.contiguous)
 def contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) -> NestedTensor:
-    if nt._ragged != tuple(sorted(nt._ragged)):
-        raise NotImplementedError(
-            "contiguous(): re-laying out transposed ragged dims is part of the shape-op layer"
-        )
+    """Canonical layout: ragged dims stored in ascending order, contiguous values.
+
+    A transposed pair (ragged dims stored as (1, 0)) is re-laid out with one row gather."""
+    from padless.tensor import layout
+    from padless.tensor.autograd import nested_from_values, rewrap, values_of
+
+    canonical = tuple(sorted(nt._ragged))
+    if nt._ragged != canonical:
+        _, idx = layout.relayout_rows(nt.host_sizes(), nt.host_offsets(), nt._ragged, canonical, nt._values.shape[0])
+        vals = values_of(nt).index_select(0, idx.to(nt._values.device))
+        meta = StructureMeta(nt._meta.host_sizes, nt._meta.host_offsets)  # caches are per layout
+        return nested_from_values(vals.contiguous(), nt._offsets, nt._sizes, canonical, nt._env, meta)
     if nt._values.is_contiguous():
         return nt
-    from padless.tensor.autograd import rewrap, values_of
-
     return rewrap(values_of(nt).contiguous(), nt)
 
 

@@ -189,28 +189,99 @@ def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
     ))
 
 
+def _expand_index(index: tuple, ndim: int) -> list[Any]:
+    """``index`` with its Ellipsis replaced by full slices: one entry per outer dim, plus Nones."""
+    if sum(1 for e in index if e is Ellipsis) > 1:
+        raise IndexError("NestedTensor indexing: an index can only have a single ellipsis ('...')")
+    used = sum(1 for e in index if e is not None and e is not Ellipsis)
+    if used > ndim:
+        raise IndexError(f"NestedTensor indexing: too many indices ({used}) for a NestedTensor of {ndim} dims")
+    out: list[Any] = []
+    for e in index:
+        out.extend([slice(None)] * (ndim - used) if e is Ellipsis else [e])
+    has_ellipsis = any(e is Ellipsis for e in index)
+    return out + ([] if has_ellipsis else [slice(None)] * (ndim - used))
+
+
+def _covers_ragged(e: Any, extent: int) -> bool:
+    """True for a slice that keeps every sample whole along a ragged dim of envelope ``extent``."""
+    return (
+        isinstance(e, slice)
+        and e.start in (None, 0)
+        and e.step in (None, 1)
+        and (e.stop is None or (isinstance(e.stop, int) and e.stop >= extent))
+    )
+
+
+def _index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
+    """Basic indexing inside every sample: ints and slices on static dims, None inserts a
+    static dim of extent 1, ragged dims must be taken whole. One indexing of ``values``."""
+    from padless.ops.structure import STATIC, keep_all, restructure  # the op layer's helpers (lazy: ops imports tensor)
+
+    dims = keep_all(nt)
+    new: list[Any] = []
+    vidx: list[Any] = [slice(None)]
+    p = 0
+    for e in entries:
+        if e is None:
+            new.append((STATIC, 1))
+            vidx.append(None)
+            continue
+        kind, n = dims[p]
+        if kind != STATIC:
+            if not _covers_ragged(e, nt._env[p]):
+                raise NotImplementedError(
+                    f"NestedTensor indexing: dim {p + 1} is ragged (samples have different extents along "
+                    f"it), so {e!r} would cut every sample at a different place: of the batch and ragged dims, "
+                    "only the batch dim can be indexed (ragged dims are taken whole). Take the same window from "
+                    f"every sample with x.narrow({p + 1}, start, length), or index samples one by one (x[i])."
+                )
+            new.append(dims[p])
+        elif isinstance(e, slice):
+            if e.step is not None and e.step <= 0:
+                raise ValueError(f"NestedTensor indexing: slice step must be positive, got {e.step} at dim {p + 1}")
+            new.append((STATIC, len(range(n)[e])))
+            vidx.append(e)
+        elif isinstance(e, int) and not isinstance(e, bool):
+            if not -n <= e < n:
+                raise IndexError(f"NestedTensor indexing: index {e} is out of range for static dim {p + 1} of size {n}")
+            vidx.append(e)
+        else:
+            raise NotImplementedError(
+                f"NestedTensor indexing: only ints, slices, None and ... can index the dims inside samples "
+                f"(got {type(e).__name__} at dim {p + 1}); use torch.gather or index x.values() for advanced indexing"
+            )
+        p += 1
+    return restructure(nt, values_of(nt)[tuple(vidx)], new)
+
+
 def getitem(nt: NestedTensor, index: Any) -> Tensor:
-    """``nt[i]`` -> dense sample i; ``nt[i, ...]`` indexes into it; slices/lists -> sub-batch."""
+    """``nt[i]`` -> dense sample i (``nt[i, ...]`` indexes into it); a slice, list, int tensor
+    or bool mask on the batch dim -> sub-batch; then basic indexing inside every sample:
+    ``nt[:, :, 1:3]``, ``nt[..., 0]``, ``nt[:, None]`` on static dims (views of ``values``).
+    Ragged dims can only be taken whole (use ``narrow`` for a window of every sample)."""
     b = nt.batch_size
-    rest: tuple = ()
-    if isinstance(index, tuple):
-        if len(index) == 0:
-            return nt
-        index, rest = index[0], index[1:]
-    if index is Ellipsis and not rest:
+    index = index if isinstance(index, tuple) else (index,)
+    if len(index) == 0:
         return nt
-    if isinstance(index, int) and not isinstance(index, bool):
-        if not -b <= index < b:
-            raise IndexError(f"index {index} is out of range for a batch of {b} samples")
-        i = index % b
+    first = index[0]
+    if isinstance(first, int) and not isinstance(first, bool):
+        if not -b <= first < b:
+            raise IndexError(f"index {first} is out of range for a batch of {b} samples")
+        i = first % b
         ho = nt.host_offsets()
         rows = values_of(nt)[int(ho[i]) : int(ho[i + 1])]
         sample = _sample_view(nt, rows, nt.host_sizes()[i].tolist())
-        return sample[rest] if rest else sample
-    if rest and any(r is not Ellipsis and r != slice(None) for r in rest):
-        raise NotImplementedError(
-            "NestedTensor indexing: only the batch dim can be indexed together with other dims when "
-            f"the batch index is an int (got {(index,) + rest!r}). Select samples first (nt[idx]) and "
-            "index each sample, or use the op layer's shape ops on static dims."
+        return sample[index[1:]] if len(index) > 1 else sample
+    full = _expand_index(index, nt.dim())
+    if full[0] is None:
+        raise IndexError(
+            "NestedTensor indexing: None before the batch dim would add a dim in front of the batch; "
+            "insert dims inside samples instead (x[:, None])"
         )
-    return select_samples(nt, index)
+    batch, rest = full[0], full[1:]
+    whole = all(isinstance(e, slice) and e == slice(None) for e in rest)
+    if whole:
+        return nt if len(index) == 1 and index[0] is Ellipsis else select_samples(nt, batch)
+    sub = nt if isinstance(batch, slice) and batch == slice(None) else select_samples(nt, batch)
+    return _index_static(sub, rest)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 import warnings
 from typing import Any, Sequence
 
@@ -12,6 +13,18 @@ from torch.utils._pytree import tree_map_only
 
 from padless.tensor import layout
 from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, op_name
+
+
+class NeedsPerSample(Exception):
+    """Raised below autograd when an ATen op needs the per-sample fallback, so that the
+    torch-level call above it is re-run sample by sample *with* autograd."""
+
+    def __init__(self, aten_op) -> None:
+        super().__init__(str(aten_op))
+        self.aten_op = aten_op
+
+
+_TLS = threading.local()
 
 
 class StructureMeta:
@@ -167,7 +180,15 @@ class NestedTensor(Tensor):
             fast = FAST_POINTWISE.get(func)
             if fast is not None and not _needs_grad(args, kwargs) and not torch.compiler.is_compiling():
                 return fast(func, args, kwargs)
-            return func(*args, **kwargs)
+            _TLS.depth = getattr(_TLS, "depth", 0) + 1
+            try:
+                return func(*args, **kwargs)
+            except NeedsPerSample as e:
+                from padless.tensor.fallback import per_sample_function
+
+                return per_sample_function(func, args, kwargs, e.aten_op)
+            finally:
+                _TLS.depth -= 1
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -176,12 +197,9 @@ class NestedTensor(Tensor):
         if handler is None:
             handler = _generic_aten_handler(func)
         if handler is None:
-            raise NotImplementedError(
-                f"padless: {op_name(func)} is not supported on NestedTensor "
-                f"(called with {describe_args(args, kwargs)}). No handler is registered at the "
-                "ATen level; if this op has a meaning on ragged data, please open an issue. "
-                "Workaround: operate on x.values() (packed rows) or on x.unbind() samples."
-            )
+            from padless.tensor.fallback import per_sample
+
+            return per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
         return handler(func, *args, **kwargs)
 
     # ------------------------------------------------------------------ structure
@@ -429,7 +447,11 @@ def wrap_like(values: Tensor, like: NestedTensor) -> NestedTensor:
 
 
 def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
-    """Like :func:`wrap_like` when the static extents changed (e.g. ``(L, 1) * (4,)``)."""
+    """Like :func:`wrap_like` when the static extents changed (e.g. ``Linear(C, 4C)``).
+
+    The new structure is cached on ``like``'s metadata per static shape, so a layer
+    applied to the same batch every step reuses one structure (and its caches).
+    """
     ndim = like.sample_dim
     static = layout.static_dims(ndim, like._ragged)
     if values.dim() - 1 != len(static):
@@ -437,20 +459,31 @@ def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
             f"padless internal: values of rank {values.dim()} do not fit a layout with "
             f"{len(static)} static dims"
         )
-    new_static = torch.tensor(list(values.shape[1:]), dtype=torch.int64)
+    traced = _is_traced(values)
+    key = ("static_shape", like._ragged, tuple(values.shape[1:]))
+    hit = None if traced else like._meta.derived.get(key)
+    if hit is not None:
+        sizes, meta, env = hit
+        return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+    new_static = list(values.shape[1:])
     sizes = like._sizes.clone()
     if len(static):
-        sizes[:, list(static)] = new_static.to(sizes.device)
+        sizes[:, list(static)] = torch.tensor(new_static, dtype=torch.int64, device=sizes.device)
     meta = StructureMeta()
     if like._meta.host_sizes is not None:
         hs = like._meta.host_sizes.clone()
         if len(static):
-            hs[:, list(static)] = new_static
+            hs[:, list(static)] = torch.tensor(new_static, dtype=torch.int64)
         meta.host_sizes = hs
         meta.host_offsets = like._meta.host_offsets
+    for k, v in like._meta.derived.items():  # row-level caches do not depend on static extents
+        if isinstance(k, tuple) and k[0] in ("row_ids", "cu_seqlens"):
+            meta.derived[k] = v
     env = list(like._env)
-    for d, s in zip(static, values.shape[1:]):
+    for d, s in zip(static, new_static):
         env[d] = s
+    if not traced:
+        like._meta.derived[key] = (sizes, meta, env)
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
 
 

@@ -98,3 +98,34 @@ def partitions(sizes: Tensor, ragged: Sequence[int]) -> tuple[Tensor, ...]:
         out.append(offsets_from_counts(per_group))
         groups_per_sample = groups_per_sample * n
     return tuple(out)
+
+
+def source_rows(
+    sid: Tensor,
+    coord: dict[int, Tensor],
+    src_sizes: Tensor,
+    src_offsets: Tensor,
+    src_ragged: Sequence[int],
+) -> Tensor:
+    """For target rows given by (sample id, coordinate per ragged dim), the source row holding
+    that element in a layout with storage order ``src_ragged``; a source extent of 1
+    broadcasts (coordinate 0)."""
+    idx = src_offsets[:-1].index_select(0, sid)
+    stride = torch.ones_like(sid)
+    for d in reversed(tuple(src_ragged)):
+        ext = src_sizes[:, d].index_select(0, sid)
+        idx = idx + torch.minimum(coord[d], (ext - 1).clamp_min(0)) * stride
+        stride = stride * ext
+    return idx
+
+
+def relayout_rows(
+    sizes: Tensor, offsets: Tensor, src_ragged: Sequence[int], dst_ragged: Sequence[int], total: int
+) -> tuple[Tensor, Tensor]:
+    """Rows of the same samples stored in order ``dst_ragged`` instead of ``src_ragged``.
+
+    Returns ``(dst_offsets, index)`` with ``dst_values = src_values[index]``.
+    """
+    dst_offsets = offsets  # same samples, same row counts
+    sid, coords = row_coords(sizes, dst_offsets, dst_ragged, total)
+    return dst_offsets, source_rows(sid, dict(zip(dst_ragged, coords)), sizes, offsets, src_ragged)

@@ -14,7 +14,11 @@ from padless.testing.variants import Variant, make_batch
 
 
 def assert_close_samples(out: Tensor, refs: Sequence[Tensor], *, what: str = "output", **tol) -> None:
-    """``out`` (NestedTensor or dense with a batch dim) holds ``refs`` sample by sample."""
+    """``out`` (NestedTensor or dense with a batch dim) holds ``refs`` sample by sample.
+
+    NaN equals NaN here (a mean over an empty sample is NaN in both).
+    """
+    tol.setdefault("equal_nan", True)
     if isinstance(out, NestedTensor):
         got = unbind_samples(out, differentiable=False)
     else:

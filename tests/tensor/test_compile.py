@@ -79,3 +79,27 @@ def test_flatten_contract():
     assert y.shape == x.shape and torch.equal(y.values(), x.values())
 
 
+
+
+def test_compiled_model_with_ragged_reductions_one_graph():
+    """Feature ops, a ragged mean and a ragged softmax: fullgraph, forward + backward, one graph."""
+    torch.manual_seed(0)
+    lin, ln = torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)
+
+    def f(x):
+        h = x + torch.nn.functional.gelu(lin(ln(x)))
+        return h.mean(dim=1), torch.softmax(h, dim=1)
+
+    cnt = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=cnt, fullgraph=True)
+    for lengths in ([3, 5, 7], [4, 9, 2], [6, 2, 11, 5]):
+        x = padless.from_list([torch.randn(n, 8) for n in lengths], requires_grad=True)
+        x2 = x.detach().requires_grad_()
+        a, b = cf(x)
+        ra, rb = f(x2)
+        torch.testing.assert_close(a, ra)
+        assert_close_samples(b, list(rb.unbind()))
+        (a.sum() + (b * b).sum()).backward()
+        (ra.sum() + (rb * rb).sum()).backward()
+        torch.testing.assert_close(x.grad.values(), x2.grad.values())
+    assert cnt.frame_count == 1

@@ -1,0 +1,453 @@
+"""Shape ops that keep every sample's rows: reshape/view, flatten/unflatten, expand,
+pad, split/chunk/tensor_split (``narrow``, ``cat``, ``stack`` and ``gather``, which
+build new rows, are in :mod:`padless.ops.shape_rows`).
+
+Every op here follows one rule per kind of dim (dims are *outer* dims, 0 = batch):
+
+* **static dims** are the trailing dims of ``values``, so an op on them is the same
+  dense op on ``values`` (a view when torch makes one) and the rows are untouched;
+* **ragged dims** have a different extent in every sample. Ops that keep each sample's
+  rows (``flatten`` of ragged dims adjacent in storage) only change metadata; ops
+  that change which rows a sample holds (``cat``/``narrow``/``gather`` along a ragged
+  dim) gather rows through an index computed once on the host metadata;
+* **the batch dim** stays dim 0: ``cat`` along it joins batches, ``split``/``chunk``/
+  ``tensor_split``/``narrow`` along it take sub-batches (views of ``values``).
+
+Where an op has no per-sample meaning (reshaping across a ragged dim, padding a
+ragged dim) it raises, naming the op, the dim and the ragged dims. Nothing pads.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from padless.ops.structure import RAGGED, STATIC, DimSpec, keep_all, outer_dim, restructure, sample_dim, values_dim
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.convert import select_samples
+from padless.tensor.core import (
+    NestedTensor,
+    StructureMeta,
+    _fmt_shape,
+    _is_traced,
+    envelope_from_sizes,
+)
+from padless.tensor.registry import implements
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def host_structure(nt: NestedTensor, op: str) -> tuple[Tensor, Tensor]:
+    """``nt``'s host sizes and offsets, for ops that must know how many rows they make.
+
+    Syncs once for a device batch built without host metadata (see
+    :meth:`NestedTensor.host_sizes`); refused under ``torch.compile``, where sizes are
+    runtime data and a row count cannot be read.
+    """
+    if nt._meta.host_sizes is None and _is_traced(nt._sizes):
+        raise NotImplementedError(
+            f"{op}(): this op builds a new ragged structure (row counts, envelope) from the batch's host "
+            "metadata; it is not available inside torch.compile yet. Run it outside the compiled region."
+        )
+    return nt.host_sizes(), nt.host_offsets()
+
+
+def from_host_structure(
+    values: Tensor,
+    host_sizes: Tensor,
+    ragged: tuple[int, ...],
+    like: NestedTensor,
+    host_offsets: Tensor | None = None,
+    device_offsets: Tensor | None = None,
+) -> NestedTensor:
+    """A NestedTensor around ``values`` (autograd kept) with new host sizes, on ``like``'s device.
+
+    ``host_offsets`` default to the row counts of ``host_sizes``; ``device_offsets`` can be
+    passed when the rows did not change, to skip a host-to-device copy.
+    """
+    if host_offsets is None:
+        host_offsets = layout.offsets_from_counts(layout.row_counts(host_sizes, ragged))
+    dev = like._offsets.device
+    on_cpu = dev.type == "cpu"
+    sizes = host_sizes if on_cpu else host_sizes.to(dev, non_blocking=True)
+    if device_offsets is None:
+        device_offsets = host_offsets if on_cpu else host_offsets.to(dev, non_blocking=True)
+    env = envelope_from_sizes(host_sizes, ragged, values.shape[1:])
+    return nested_from_values(values, device_offsets, sizes, ragged, env, StructureMeta(host_sizes, host_offsets))
+
+
+def source_rows(sizes: Tensor, offsets: Tensor, ragged: Sequence[int], sid: Tensor, coords: Sequence[Tensor]) -> Tensor:
+    """Row of ``values`` holding ragged coordinates ``coords`` (storage order) of samples ``sid``."""
+    row = torch.zeros_like(sid)
+    for d, c in zip(ragged, coords):
+        row = row * sizes[sid, d] + c
+    return offsets[:-1][sid] + row
+
+
+def _ints(op: str, what: str, shape: Sequence[Any]) -> list[int]:
+    out = []
+    for s in shape:
+        if isinstance(s, torch.SymInt):
+            out.append(s)
+            continue
+        try:
+            if isinstance(s, (Tensor, bool)):
+                raise TypeError
+            out.append(operator.index(s))
+        except TypeError:
+            raise TypeError(f"{op}(): {what} entries must be ints, got {s!r}") from None
+    return out
+
+
+def _shape_arg(args: tuple) -> list[Any]:
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        return list(args[0])
+    return list(args)
+
+
+def static_changed(nt: NestedTensor, sdim: int, extent: int) -> list[DimSpec]:
+    """``nt``'s dims with static sample dim ``sdim`` given a new extent."""
+    dims = keep_all(nt)
+    dims[sdim] = (STATIC, extent)
+    return dims
+
+
+def _ragged_error(op: str, nt: NestedTensor, odim: int, why: str) -> ValueError:
+    return ValueError(
+        f"{op}(): dim {odim} is ragged; {why} (ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)})"
+    )
+
+
+# ---------------------------------------------------------------------------- reshape / view
+
+
+def _fit_run(entries: Sequence[int], numel: int) -> list[int] | None:
+    """``entries`` as a static run of ``numel`` elements (one -1 inferred), or None."""
+    holes = [i for i, e in enumerate(entries) if e == -1]
+    known = math.prod(e for e in entries if e != -1)
+    if len(holes) > 1:
+        return None
+    if holes:
+        if known == 0 or numel % known:
+            return None
+        out = list(entries)
+        out[holes[0]] = numel // known
+        return out
+    return list(entries) if known == numel else None
+
+
+def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
+    """New sample dims for ``reshape``/``view`` (see :func:`reshape` for the rule)."""
+    b, d = nt.batch_size, nt.sample_dim
+    if len(target) == 0 or target[0] not in (-1, b):
+        raise ValueError(
+            f"{op}(): the target shape {tuple(target)} must keep the batch dim first "
+            f"(as {b} or -1); a NestedTensor's samples cannot be merged or split"
+        )
+    rest = target[1:]
+    if any(e < -1 for e in rest):
+        raise ValueError(f"{op}(): invalid target shape {tuple(target)}")
+    rag = sorted(nt._ragged)
+    runs, cur = [], 1
+    for s in range(d):
+        if s in rag:
+            runs.append(cur)
+            cur = 1
+        else:
+            cur *= nt._env[s]
+    runs.append(cur)
+    found: list[tuple[tuple[int, bool], list[DimSpec]]] = []
+
+    def search(a: int, start: int, dims: list[DimSpec], at_hole: int, same: bool) -> None:
+        if a == len(rag):
+            run = _fit_run(rest[start:], runs[a])
+            if run is not None:
+                found.append(((at_hole, same), dims + [(STATIC, n) for n in run]))
+            return
+        for j in range(start, len(rest)):
+            if rest[j] in (-1, nt._env[rag[a]]):
+                run = _fit_run(rest[start:j], runs[a])
+                if run is not None:
+                    new = dims + [(STATIC, n) for n in run] + [(RAGGED, rag[a])]
+                    search(a + 1, j + 1, new, at_hole + (rest[j] == -1), same and j == rag[a])
+
+    search(0, 0, [], 0, True)
+    if not found:
+        raise ValueError(
+            f"{op}(): cannot reshape a NestedTensor of envelope {tuple(nt.shape)} with ragged outer dims "
+            f"{tuple(r + 1 for r in rag)} to {tuple(target)}: the batch dim and every ragged dim must stay, "
+            f"in order, written as -1 or their envelope extent, and each run of static dims between "
+            f"them must keep its number of elements (static runs hold {tuple(runs)} elements); "
+            "only static dims can be reshaped"
+        )
+    best = max(score for score, _ in found)
+    picks = [dims for score, dims in found if score == best]
+    if len(picks) > 1:
+        raise ValueError(
+            f"{op}(): target shape {tuple(target)} is ambiguous for ragged outer dims "
+            f"{tuple(r + 1 for r in rag)} of envelope {tuple(nt.shape)}; write each ragged dim as -1"
+        )
+    return picks[0]
+
+
+@implements(torch.reshape, torch.Tensor.reshape, torch.Tensor.view, accepts="packed")
+def reshape(func, nt: NestedTensor, *shape) -> NestedTensor:
+    """Reshape static dims of every sample; the batch dim and ragged dims stay.
+
+    The rule: the target lists the batch dim (``B`` or ``-1``) and every ragged dim
+    (``-1`` or its envelope extent ``x.shape[d]``) in their order; the static dims
+    between two ragged dims (a *run*) may take any shape with the same number of
+    elements, with one ``-1`` inferred per run. ``(C, L_i)`` with ``C = 6`` reshapes to
+    ``(2, 3, L_i)`` by ``x.reshape(B, 2, 3, -1)``; ``(L_i, H, D)`` to ``(L_i, H*D)`` by
+    ``x.reshape(B, -1, H * D)``. ``view`` does the same on ``values`` with ``view``
+    (no copy), and ``x.view(dtype)`` reinterprets the last (static) dim.
+    """
+    op = "view" if func is torch.Tensor.view else "reshape"
+    if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        return _view_dtype(nt, shape[0])
+    dims = _match_target(nt, _ints(op, "shape", _shape_arg(shape)), op)
+    vals = values_of(nt)
+    new_static = [n for kind, n in dims if kind == STATIC]
+    vals = vals.view(vals.shape[0], *new_static) if op == "view" else vals.reshape(vals.shape[0], *new_static)
+    return restructure(nt, vals, dims)
+
+
+def _view_dtype(nt: NestedTensor, dtype: torch.dtype) -> NestedTensor:
+    if nt.sample_dim == 0 or nt.sample_dim - 1 in nt._ragged:
+        raise ValueError(
+            f"view(): viewing as {dtype} rescales the last dim, which must be static "
+            f"(ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)})"
+        )
+    vals = values_of(nt).view(dtype)
+    return restructure(nt, vals, static_changed(nt, nt.sample_dim - 1, vals.shape[-1]))
+
+
+@implements(torch.Tensor.reshape_as, torch.Tensor.view_as, accepts="packed; packed or dense other")
+def reshape_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
+    """``reshape``/``view`` to ``other.shape``; a NestedTensor ``other`` must share the ragged structure."""
+    op = "view_as" if func is torch.Tensor.view_as else "reshape_as"
+    if isinstance(other, NestedTensor):
+        _check_ragged_match(op, nt, other)
+    target = torch.Tensor.view if op == "view_as" else torch.Tensor.reshape
+    return reshape(target, nt, tuple(other.shape))
+
+
+def _check_ragged_match(op: str, nt: NestedTensor, other: NestedTensor) -> None:
+    """``other`` has ``nt``'s ragged extents, sample by sample (in sample order); under
+    torch.compile only the count of ragged dims can be checked (sizes are runtime data)."""
+    ra, rb = sorted(nt._ragged), sorted(other._ragged)
+    if len(ra) != len(rb) or nt.batch_size != other.batch_size:
+        raise ValueError(
+            f"{op}(): ragged structures differ: ragged sample dims {nt.ragged_dims} vs {other.ragged_dims}, "
+            f"batch sizes {nt.batch_size} vs {other.batch_size}"
+        )
+    if nt._meta is other._meta or _is_traced(nt._sizes) or _is_traced(other._sizes):
+        return
+    hs, ho = nt.host_sizes(), other.host_sizes()
+    bad = (hs[:, ra] != ho[:, rb]).any(1).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise ValueError(
+            f"{op}(): ragged structures differ: sample {i} has {_fmt_shape(hs[i].tolist())}, "
+            f"other has {_fmt_shape(ho[i].tolist())}"
+        )
+
+
+# ---------------------------------------------------------------------------- flatten / unflatten
+
+
+@implements(torch.flatten, torch.Tensor.flatten, accepts="packed")
+def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> NestedTensor:
+    """Flatten outer dims ``start_dim..end_dim``: all static (a reshape of ``values``), or all
+    ragged and adjacent in storage order (rows unchanged: ``(C, H_i, W_i).flatten(2)`` gives
+    ``(C, H_i*W_i)`` tokens). Mixing ragged and static dims, or the batch dim, raises."""
+    s, e = outer_dim(nt, start_dim, "flatten"), outer_dim(nt, end_dim, "flatten")
+    if s > e:
+        raise ValueError(f"flatten(): start_dim {start_dim} comes after end_dim {end_dim}")
+    if s == e:
+        return nt
+    if s == 0:
+        raise ValueError(
+            f"flatten(): dims {s}..{e} include the batch dim (0); a NestedTensor keeps its batch dim. "
+            "Use flatten(1) to flatten each sample, or x.values() for the packed rows."
+        )
+    span = list(range(s - 1, e))
+    rag = [p for p in span if p in nt._ragged]
+    if not rag:
+        dims = keep_all(nt)
+        v0 = values_dim(nt, span[0])
+        vals = values_of(nt).flatten(v0, v0 + len(span) - 1)
+        new = dims[: span[0]] + [(STATIC, math.prod(dims[p][1] for p in span))] + dims[e:]
+        return restructure(nt, vals, new)
+    if len(rag) != len(span):
+        static = [p + 1 for p in span if p not in nt._ragged]
+        raise ValueError(
+            f"flatten(): dims {s}..{e} mix ragged dims {tuple(p + 1 for p in rag)} with static dims "
+            f"{tuple(static)}; only all-static or all-ragged spans can be flattened "
+            f"(ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)}). Move the static dims out first "
+            "(e.g. x.movedim(1, -1))."
+        )
+    q = nt._ragged.index(span[0])
+    if tuple(nt._ragged[q : q + len(span)]) != tuple(span):
+        raise ValueError(
+            f"flatten(): ragged dims {s}..{e} are stored in order {tuple(r + 1 for r in nt._ragged)} "
+            "(they were transposed), so their elements are not adjacent in each sample's rows"
+        )
+    hs, ho = host_structure(nt, "flatten")
+    k = len(span)
+    keep = [c for c in range(nt.sample_dim) if c not in span[1:]]
+    new_hs = hs[:, keep].clone()
+    new_hs[:, span[0]] = hs[:, span].prod(1)
+    ragged = tuple(r if r <= span[0] else r - (k - 1) for r in nt._ragged if r not in span[1:])
+    return from_host_structure(values_of(nt), new_hs, ragged, nt, ho, nt._offsets)
+
+
+@implements(torch.unflatten, torch.Tensor.unflatten, accepts="packed")
+def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedTensor:
+    """Split a static dim into ``sizes`` (one ``-1`` inferred); ragged dims cannot be split."""
+    o = outer_dim(nt, dim, "unflatten")
+    p = sample_dim(nt, dim, "unflatten")
+    if p in nt._ragged:
+        raise _ragged_error("unflatten", nt, o, "samples have different extents along it, so no single split fits them all")
+    vals = values_of(nt).unflatten(values_dim(nt, p), tuple(_ints("unflatten", "sizes", sizes)))
+    vd = values_dim(nt, p)
+    dims = keep_all(nt)
+    new = dims[:p] + [(STATIC, n) for n in vals.shape[vd : vd + len(sizes)]] + dims[p + 1 :]
+    return restructure(nt, vals, new)
+
+
+# ---------------------------------------------------------------------------- expand / pad
+
+
+@implements(torch.Tensor.expand, accepts="packed")
+def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTensor:
+    """Expand static dims of extent 1 (a stride-0 view of ``values``). ``-1`` keeps a dim;
+    the batch dim and ragged dims must be ``-1`` or their current extent."""
+    target = _ints("expand", "size", _shape_arg(sizes))
+    if len(target) != nt.dim():
+        raise ValueError(
+            f"expand(): target {tuple(target)} must have {nt.dim()} entries (batch included); "
+            "a NestedTensor cannot grow new leading dims"
+        )
+    if target[0] not in (-1, nt.batch_size):
+        raise ValueError(f"expand(): the batch dim must stay {nt.batch_size} (or -1), got {target[0]}")
+    dims = keep_all(nt)
+    for p, t in enumerate(target[1:]):
+        kind, n = dims[p]
+        if t == -1 or (kind == RAGGED and t == nt._env[p]):
+            continue
+        if kind == RAGGED:
+            raise _ragged_error("expand", nt, p + 1, f"it cannot be expanded to {t}")
+        if t != n and n != 1:
+            raise ValueError(f"expand(): static dim {p + 1} has extent {n}; only extent-1 dims expand (to {t})")
+        dims[p] = (STATIC, t)
+    vals = values_of(nt)
+    return restructure(nt, vals.expand(vals.shape[0], *[n for kind, n in dims if kind == STATIC]), dims)
+
+
+@implements(torch.Tensor.expand_as, accepts="packed; packed or dense other")
+def expand_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
+    """``expand(other.shape)``; a NestedTensor ``other`` must share the ragged structure."""
+    if isinstance(other, NestedTensor):
+        _check_ragged_match("expand_as", nt, other)
+    return expand(torch.Tensor.expand, nt, tuple(other.shape))
+
+
+@implements(F.pad, torch._C._nn.pad, accepts="packed")
+def pad(func, nt: NestedTensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> NestedTensor:
+    """``F.pad`` of static dims (any mode; modes other than constant act one dim at a time,
+    which is what they compute). Padding a ragged dim would make samples grow by a pad
+    that is not data: it raises (pad the samples before packing, or cat a NestedTensor)."""
+    pads = _ints("pad", "pad", pad)
+    d = nt.sample_dim
+    if len(pads) % 2 or len(pads) // 2 > d:
+        raise ValueError(f"pad(): pad {tuple(pads)} must have an even length of at most 2 * {d} (sample dims)")
+    dims = keep_all(nt)
+    per_dim: dict[int, tuple[int, int]] = {}
+    for j in range(len(pads) // 2):
+        p, lo, hi = d - 1 - j, pads[2 * j], pads[2 * j + 1]
+        if (lo, hi) == (0, 0):
+            continue
+        if p in nt._ragged:
+            raise _ragged_error(
+                "pad", nt, p + 1,
+                f"padding it by ({lo}, {hi}) would add elements that are not data to every sample; "
+                "pad only static dims (pad each sample before packing if you need it)",
+            )
+        per_dim[p] = (lo, hi)
+    vals = values_of(nt)
+    if not per_dim:
+        return restructure(nt, vals.clone(), dims)
+    if mode == "constant":
+        vpad: list[int] = []
+        for p in reversed([c for c in range(d) if dims[c][0] == STATIC]):
+            vpad += list(per_dim.get(p, (0, 0)))
+        vals = F.pad(vals, vpad, value=0.0 if value is None else value)
+    else:
+        for p, (lo, hi) in per_dim.items():
+            v = vals.movedim(values_dim(nt, p), -1)
+            lead = v.shape[:-1]
+            v = F.pad(v.reshape(-1, 1, v.shape[-1]), (lo, hi), mode=mode)
+            vals = v.reshape(*lead, v.shape[-1]).movedim(-1, values_dim(nt, p))
+    for p, (lo, hi) in per_dim.items():
+        dims[p] = (STATIC, dims[p][1] + lo + hi)
+    return restructure(nt, vals, dims)
+
+
+# ---------------------------------------------------------------------------- split / chunk / narrow
+
+
+def _batch_pieces(nt: NestedTensor, pieces: Sequence[Tensor]) -> tuple[NestedTensor, ...]:
+    out, start = [], 0
+    for piece in pieces:
+        n = piece.shape[0]
+        out.append(select_samples(nt, slice(start, start + n)))
+        start += n
+    return tuple(out)
+
+
+def _split_like(op: str, nt: NestedTensor, dim: int, run) -> tuple[NestedTensor, ...]:
+    """Shared body of split/chunk/tensor_split: ``run(t, d)`` splits a plain tensor."""
+    o = outer_dim(nt, dim, op)
+    if o == 0:
+        return _batch_pieces(nt, run(torch.arange(nt.batch_size), 0))
+    p = o - 1
+    if p in nt._ragged:
+        raise _ragged_error(
+            op, nt, o,
+            "samples have different extents along it, so the pieces would not line up; "
+            f"{op} a static dim or the batch dim, or use narrow({o}, start, length) for one window",
+        )
+    vd = values_dim(nt, p)
+    return tuple(restructure(nt, v, static_changed(nt, p, v.shape[vd])) for v in run(values_of(nt), vd))
+
+
+@implements(torch.split, torch.Tensor.split, accepts="packed")
+def split(func, nt: NestedTensor, split_size_or_sections, dim: int = 0) -> tuple[NestedTensor, ...]:
+    """Split along a static dim (pieces share the structure) or the batch dim (sub-batches)."""
+    if not isinstance(split_size_or_sections, int) and outer_dim(nt, dim, "split") == 0:
+        total = sum(split_size_or_sections)
+        if total != nt.batch_size:
+            raise ValueError(f"split(): sections {tuple(split_size_or_sections)} sum to {total}, the batch has {nt.batch_size} samples")
+    return _split_like("split", nt, dim, lambda t, d: torch.split(t, split_size_or_sections, d))
+
+
+@implements(torch.chunk, torch.Tensor.chunk, accepts="packed")
+def chunk(func, nt: NestedTensor, chunks: int, dim: int = 0) -> tuple[NestedTensor, ...]:
+    """``chunk`` along a static dim or the batch dim (same piece sizes as torch)."""
+    return _split_like("chunk", nt, dim, lambda t, d: torch.chunk(t, chunks, d))
+
+
+@implements(torch.tensor_split, torch.Tensor.tensor_split, accepts="packed")
+def tensor_split(func, nt: NestedTensor, indices_or_sections=None, dim: int = 0, **kwargs) -> tuple[NestedTensor, ...]:
+    """``tensor_split`` along a static dim or the batch dim (``sections=``/``indices=`` accepted)."""
+    arg = indices_or_sections
+    for k in ("sections", "indices", "tensor_indices_or_sections"):
+        arg = kwargs.pop(k, arg)
+    return _split_like("tensor_split", nt, dim, lambda t, d: torch.tensor_split(t, arg, d))

@@ -1,0 +1,110 @@
+"""The per-sample fallback for ATen ops without a handler (eager mode only).
+
+An op with no handler runs once per sample on a dense batch of one
+(``sample.unsqueeze(0)``), and the results are packed again. It is correct for
+ops that treat samples independently, which is why it is refused when an
+argument names the batch dim or a size list (view/reshape-like ops), for
+in-place ops, and under ``torch.compile``. It warns once per op: a loop over
+samples is slow, and the op deserves a real handler.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from padless.tensor.core import NeedsPerSample, NestedTensor, _is_traced, warn_once
+from padless.tensor.registry import describe_args, op_name
+
+_SIZE_NAMES = ("size", "shape", "sizes", "stride", "output_size")
+
+
+def _refusal(func, args: tuple, kwargs: dict) -> str | None:
+    """Why the per-sample fallback cannot run this call, or None if it can."""
+    nts = [a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor)]
+    if any(_is_traced(n._values) for n in nts):
+        return "the per-sample fallback is eager-only (this call is being traced by torch.compile)"
+    schema = func._schema
+    if schema.is_mutable:
+        return "it is an in-place or out= op"
+    if torch.Tag.dynamic_output_shape in func.tags or torch.Tag.data_dependent_output in func.tags:
+        return "its output shape depends on the data (no per-sample batch dim to keep)"
+    ndim = nts[0].dim()
+    bound = dict(zip((a.name for a in schema.arguments), args))
+    bound.update(kwargs)
+    for a in schema.arguments:
+        t = str(a.type)
+        v = bound.get(a.name)
+        if v is None:
+            continue
+        if a.name in ("dim", "dims", "dim0", "dim1", "start_dim", "end_dim"):
+            ds = v if isinstance(v, (list, tuple)) else [v]
+            if any(isinstance(d, int) and d % ndim == 0 for d in ds):
+                return f"argument {a.name}={v!r} names the batch dim"
+        elif a.name in _SIZE_NAMES and ("List" in t or "[]" in t):
+            return f"argument {a.name} is a size list (padded sizes have no per-sample meaning)"
+    return None
+
+
+def per_sample(func, args: tuple, kwargs: dict, inside_function: bool = False) -> Any:
+    """Run ATen ``func`` sample by sample, or raise NotImplementedError saying why it cannot.
+
+    When the op was reached from a torch-level call (``inside_function``), that call is
+    re-run per sample above autograd instead (gradients then follow the dense samples).
+    """
+    why = _refusal(func, args, kwargs)
+    if why is not None:
+        raise NotImplementedError(
+            f"padless: {op_name(func)} is not supported on NestedTensor (called with "
+            f"{describe_args(args, kwargs)}): no handler is registered, and {why}. "
+            "Workaround: operate on x.values() (packed rows) or on x.unbind() samples."
+        )
+    if inside_function:
+        raise NeedsPerSample(func)
+    return _run(func, args, kwargs, func, differentiable=False)
+
+
+def per_sample_function(func, args: tuple, kwargs: dict, aten_op) -> Any:
+    """Re-run a torch-level call sample by sample, with autograd through the samples."""
+    return _run(func, args, kwargs, aten_op, differentiable=True)
+
+
+def _run(func, args: tuple, kwargs: dict, named_op, differentiable: bool) -> Any:
+    from padless.tensor.construct import from_list
+    from padless.tensor.convert import unbind_samples
+
+    warn_once(
+        ("per_sample", named_op),
+        f"padless: {op_name(named_op)} has no NestedTensor handler; running it sample by sample "
+        "(eager only, a Python loop: slow). Please report it so it gets a packed implementation.",
+    )
+    ref = next(a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor))
+    b = ref.batch_size
+    unbound = {
+        id(a): unbind_samples(a, differentiable=differentiable)
+        for a in (*args, *kwargs.values())
+        if isinstance(a, NestedTensor)
+    }
+
+    def pick(a, i):
+        return unbound[id(a)][i].unsqueeze(0) if isinstance(a, NestedTensor) else a
+
+    results = [func(*[pick(a, i) for a in args], **{k: pick(v, i) for k, v in kwargs.items()}) for i in range(b)]
+    if b == 0:
+        raise NotImplementedError(f"padless: {op_name(func)}: the per-sample fallback needs at least one sample")
+
+    def pack(outs: list) -> Any:
+        if not isinstance(outs[0], Tensor):
+            raise NotImplementedError(
+                f"padless: {op_name(func)} returns {type(outs[0]).__name__} per sample; the per-sample "
+                "fallback only packs tensors"
+            )
+        samples = [o.squeeze(0) for o in outs]
+        ragged = ref.ragged_dims if samples[0].dim() == ref.sample_dim else None
+        return from_list(samples, ragged_dims=ragged, keep_history=differentiable)
+
+    if isinstance(results[0], (tuple, list)):
+        return type(results[0])(pack([r[k] for r in results]) for k in range(len(results[0])))
+    return pack(results)
