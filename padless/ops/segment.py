@@ -39,6 +39,12 @@ class Groups:
 def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
     """Group rows for a reduction over ragged sample dims ``reduced`` (cached per structure)."""
     reduced = tuple(sorted(reduced))
+    traced = _is_traced(nt._values)
+    obj_key = ("groups_obj", reduced, nt._values.device)
+    if not traced:
+        hit = nt._meta.derived.get(obj_key)
+        if hit is not None:
+            return hit
     keep = tuple(d for d in nt._ragged if d not in reduced)
     total = nt._values.shape[0]
 
@@ -76,7 +82,10 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
         empty_sample = -1  # sizes are runtime data while tracing: no check (empty groups give NaN/-inf)
     else:
         empty_sample = _first_empty(nt.host_sizes(), keep, reduced)
-    return Groups(gid, n_groups, counts, out_hs, local, empty_sample)
+    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample)
+    if not traced:
+        nt._meta.derived[obj_key] = g
+    return g
 
 
 def _first_empty(hs: Tensor, keep: tuple[int, ...], reduced: tuple[int, ...]) -> int:

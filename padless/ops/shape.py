@@ -82,14 +82,6 @@ def from_host_structure(
     return nested_from_values(values, device_offsets, sizes, ragged, env, StructureMeta(host_sizes, host_offsets))
 
 
-def source_rows(sizes: Tensor, offsets: Tensor, ragged: Sequence[int], sid: Tensor, coords: Sequence[Tensor]) -> Tensor:
-    """Row of ``values`` holding ragged coordinates ``coords`` (storage order) of samples ``sid``."""
-    row = torch.zeros_like(sid)
-    for d, c in zip(ragged, coords):
-        row = row * sizes[sid, d] + c
-    return offsets[:-1][sid] + row
-
-
 def _ints(op: str, what: str, shape: Sequence[Any]) -> list[int]:
     out = []
     for s in shape:

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from padless.ops.shape import from_host_structure, host_structure, source_rows, static_changed
+from padless.ops.shape import from_host_structure, host_structure, static_changed
 from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
@@ -78,7 +78,8 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
     sid, coords = layout.row_coords(out_hs, out_ho, nt._ragged, total)
     q = nt._ragged.index(p)
     coords[q] = coords[q] + s[sid]
-    rows = source_rows(hs, ho, nt._ragged, sid, coords).to(nt._values.device, non_blocking=True)
+    rows = layout.source_rows(sid, dict(zip(nt._ragged, coords)), hs, ho, nt._ragged)
+    rows = rows.to(nt._values.device, non_blocking=True)
     return from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho)
 
 
@@ -111,9 +112,7 @@ def relayout(nt: NestedTensor, ragged_order: Sequence[int]) -> NestedTensor:
     if order == nt._ragged:
         return nt
     hs, ho = host_structure(nt, "relayout")
-    sid, coords = layout.row_coords(hs, ho, order, nt._values.shape[0])
-    by_dim = dict(zip(order, coords))
-    rows = source_rows(hs, ho, nt._ragged, sid, [by_dim[d] for d in nt._ragged])
+    _, rows = layout.relayout_rows(hs, ho, nt._ragged, order, nt._values.shape[0])
     vals = values_of(nt).index_select(0, rows.to(nt._values.device, non_blocking=True))
     return from_host_structure(vals, hs, order, nt, ho, nt._offsets)
 
@@ -292,7 +291,7 @@ def gather(func, nt: NestedTensor, dim: int, index: Tensor, *, sparse_grad: bool
     sid, coords = layout.row_coords(his, hio, nt._ragged, idx.shape[0])
     q = nt._ragged.index(p)
     coords[q] = torch.zeros_like(sid)
-    base = source_rows(hs, ho, nt._ragged, sid, coords)
+    base = layout.source_rows(sid, dict(zip(nt._ragged, coords)), hs, ho, nt._ragged)
     stride = torch.ones_like(sid)
     for r in nt._ragged[q + 1 :]:
         stride = stride * hs[sid, r]

@@ -56,6 +56,8 @@ _TRACED_TYPES = (_FakeTensor, _FunctionalTensor)
 
 def _is_traced(t: Tensor) -> bool:
     """True for fake/functional/meta tensors: we are inside torch.compile or a meta trace."""
+    if type(t) is Tensor and not torch.compiler.is_compiling():
+        return t.is_meta or torch._is_functional_tensor(t)
     return (
         isinstance(t, _TRACED_TYPES)
         or t.device.type == "meta"

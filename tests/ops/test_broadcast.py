@@ -110,3 +110,15 @@ def test_contiguous_relayouts_transposed_pairs():
     assert out.is_contiguous()
     pt = p[0].transpose(1, 2)
     assert not pt.is_contiguous() and pt.contiguous().is_contiguous()
+
+
+def test_gradcheck_pair_broadcast():
+    values = torch.randn(6, 2, dtype=torch.float64, requires_grad=True)
+    offsets = torch.tensor([0, 2, 2, 6])
+
+    def f(v):
+        x = padless.from_values(v, offsets)
+        p = x.unsqueeze(2) * x.unsqueeze(1)
+        return (p + p.transpose(1, 2)).mean(dim=2).values()
+
+    assert torch.autograd.gradcheck(f, (values,))

@@ -102,3 +102,17 @@ def test_einsum_errors():
         torch.einsum("b...->b...", x)
     with pytest.raises(TypeError, match="every operand must be a NestedTensor"):
         torch.einsum("bic,cd->bid", x, torch.randn(3, 2))
+
+
+def test_gradcheck_contractions():
+    values = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    offsets = torch.tensor([0, 2, 5])
+
+    def f(v):
+        x = padless.from_values(v, offsets)
+        s = x @ x.transpose(-1, -2)  # (N_i, N_i)
+        p = torch.einsum("bic,bjc->bijc", x, x)
+        t = torch.einsum("bikc,bjkc->bijc", p, p)
+        return (s.unsqueeze(3) * t).sum(dim=(1, 2))
+
+    assert torch.autograd.gradcheck(f, (values,))

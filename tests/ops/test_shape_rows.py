@@ -288,7 +288,7 @@ def test_gather_errors():
         torch.gather(nt, 2, idx)
     p, _ = make_batch("pair")
     pidx, _ = _index_batch("pair", 1, lambda s: 2)
-    with pytest.raises(ValueError, match=r"gather\(\): index sample 0 has \(2, 2, 2\), input has \(3, 3, 2\); they may differ only along dim 1"):
+    with pytest.raises(ValueError, match=r"gather\(\): index sample 0 has \(3, 2, 2\), input has \(3, 3, 2\); they may differ only along dim 1"):
         torch.gather(p, 1, pidx)
     with pytest.raises(ValueError, match=r"gather\(\): index static extents \(5,\) exceed the input's \(4,\) outside dim 1"):
         torch.gather(nt, 1, padless.from_list([torch.zeros(1, 5, dtype=torch.int64)] * 3))
