@@ -77,7 +77,7 @@ def step(model: Block, fn) -> tuple[float, float]:
     t0 = time.perf_counter()
     loss = fn()
     loss.backward()
-    return time.perf_counter() - t0, float(loss)
+    return time.perf_counter() - t0, float(loss.detach())
 
 
 def main() -> None:

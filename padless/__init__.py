@@ -11,6 +11,7 @@ from padless.tensor import (
 )
 from padless import ops as _ops  # noqa: F401  (registers the op layer)
 from padless import nested
+from padless.ops import patch_grid, patchify, unpatchify
 
 __version__ = "0.1.0"
 
@@ -21,6 +22,9 @@ __all__ = [
     "from_padded",
     "from_values",
     "nested",
+    "patch_grid",
+    "patchify",
     "to_njt",
     "to_padded",
+    "unpatchify",
 ]
