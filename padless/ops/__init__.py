@@ -4,8 +4,8 @@ Importing this package registers every handler. ``python -m padless.ops`` prints
 the coverage table.
 """
 
-from padless.ops import contract, dims, features, linear_norm, loss, pointwise, reduce, shape, shape_rows  # noqa: F401
+from padless.ops import attention, attention_modules, contract, dims, features, linear_norm, loss, pointwise, reduce, shape, shape_rows  # noqa: F401
 # The image functions (registers F.conv2d); `padless.ops.patchify` is the function, not the module.
 from padless.ops.patchify import patch_grid, patchify, unpatchify
 
-__all__ = ["contract", "dims", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]
+__all__ = ["attention", "attention_modules", "contract", "dims", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]

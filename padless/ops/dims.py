@@ -79,6 +79,10 @@ def _permute_samples(nt: NestedTensor, perm: Sequence[int]) -> NestedTensor:
 @implements(torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.swapaxes, torch.swapdims, torch.Tensor.swapdims)
 def transpose(func, nt: NestedTensor, dim0: int, dim1: int) -> NestedTensor:
     """Swap two sample dims. ``p.transpose(1, 2)`` on pairs only records the new storage order."""
+    if {outer_dim(nt, dim0, "transpose"), outer_dim(nt, dim1, "transpose")} == {0, 1}:
+        from padless.ops.attention_modules import SeqFirstView
+
+        return SeqFirstView(nt)  # what batch_first attention modules do before attending
     a, b = sample_dim(nt, dim0, "transpose"), sample_dim(nt, dim1, "transpose")
     perm = list(range(nt.sample_dim))
     perm[a], perm[b] = perm[b], perm[a]

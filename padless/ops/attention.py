@@ -1,0 +1,329 @@
+"""Attention on packed rows: ``F.scaled_dot_product_attention`` with NestedTensors.
+
+Query, key and value are NestedTensors whose samples are ``(..., L_i, E)`` with the
+sequence dim ragged (``(H, L_i, E)`` is the usual multi-head form; ``(L_i, H, E)``
+becomes it with ``.transpose(1, 2)``, a metadata change). Key/value may have another
+ragged structure than the query (cross-attention, same batch size); the output takes
+the query's structure. Both are stored as ``(T, H, E)`` rows: exactly the packed
+layout variable-length kernels take, so no copy is made to call them.
+
+Backends, chosen at call time (``explain(...)`` says which one runs and why the
+others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
+
+* ``flash_attn`` / ``varlen`` (CUDA, fp16/bf16): ``flash_attn_varlen_func`` when
+  flash-attn is installed, else ``torch.nn.attention.varlen.varlen_attn``, with
+  int32 ``cu_seqlens`` and python-int ``max_seqlen`` from the host metadata (no sync).
+  Not used for masks, for causal attention with ``L_q != L_k`` in some sample (these
+  kernels align causal masks bottom-right; torch's ``is_causal`` is top-left), nor
+  (``varlen``) with dropout.
+* ``flex``: FlexAttention over all rows with a document mask built from per-row
+  sample ids, plus the user's ``mask_mod`` / ``score_mod`` written in sample-local
+  indices. Chosen when a ``mask_mod``/``score_mod`` is given, or on CUDA for what the
+  varlen kernels cannot express (use it under ``torch.compile``; eager flex is a
+  slow reference).
+* ``per_sample`` (any device, any dtype): torch's SDPA on each sample's rows (views
+  of ``values``), no padded position computed. On this project's 2-core CPU with
+  B=16, H=4, E=64, lengths U[16, 256], forward + backward
+  (``python benchmarks/attention_cpu.py``): per-sample 15.1 ms, one block-diagonal
+  SDPA over all rows 131 ms (it computes every cross-sample score), eager FlexAttention
+  over 1 s (a dense reference); compiled FlexAttention on CPU was not competitive to
+  build here. Per-sample is therefore the CPU default.
+
+Semantics (identical to dense SDPA on each sample): a sample with zero keys and some
+queries gets zeros (and zero gradients), as torch's SDPA does for an empty key set;
+``is_causal`` is aligned top-left as in torch (query i sees keys ``j <= i``) even
+when ``L_q != L_k``; ``attn_mask`` is a NestedTensor of per-sample ``(L_i, S_i)``
+(or ``(H, L_i, S_i)``) boolean or additive masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from padless.tensor.autograd import rewrap, values_of
+from padless.tensor.convert import unbind_samples
+from padless.tensor.core import NestedTensor, _is_traced, _structure_mismatch
+from padless.tensor.registry import implements
+
+log = logging.getLogger("padless.attention")
+_DEBUG = os.environ.get("PADLESS_DEBUG_ATTENTION", "") not in ("", "0")
+
+
+@dataclasses.dataclass
+class Choice:
+    """Which backend runs, and why each other one was skipped."""
+
+    backend: str
+    skipped: dict[str, str]
+
+    def __str__(self) -> str:
+        why = "; ".join(f"{k}: {v}" for k, v in self.skipped.items())
+        return f"padless attention backend={self.backend} (skipped: {why or 'none'})"
+
+
+last_choice: Choice | None = None
+
+
+def _seq_dim(op: str, nt: NestedTensor, name: str) -> int:
+    """The ragged sequence dim (sample dim D-2); every other sample dim must be static."""
+    d = nt.sample_dim
+    if d < 2:
+        raise ValueError(f"{op}(): {name} samples must be (..., L, E), got rank {d}")
+    if nt._ragged != (d - 2,):
+        raise ValueError(
+            f"{op}(): {name} must have exactly one ragged dim, the sequence dim {d - 1} "
+            f"(samples (..., L_i, E)); it has ragged dims {tuple(r + 1 for r in nt.ragged_dims)}. "
+            "For (L_i, H, E) samples use x.transpose(1, 2)."
+        )
+    return d - 2
+
+
+def _flash_attn():
+    try:
+        from flash_attn import flash_attn_varlen_func  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _varlen():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def explain(
+    q: NestedTensor,
+    k: NestedTensor,
+    v: NestedTensor,
+    attn_mask=None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    mask_mod: Callable | None = None,
+    score_mod: Callable | None = None,
+) -> Choice:
+    """The backend ``scaled_dot_product_attention`` would use for these inputs, and why."""
+    skipped: dict[str, str] = {}
+    custom = mask_mod is not None or score_mod is not None
+    cuda = q._values.is_cuda
+    half = q.dtype in (torch.float16, torch.bfloat16)
+    layout_ok = q.sample_dim == 3 and q._values.dim() == 3
+    causal_mismatch = is_causal and not _same_lengths(q, k)
+    for name, available in (("flash_attn", _flash_attn() is not None), ("varlen", _varlen() is not None)):
+        if custom:
+            skipped[name] = "a mask_mod/score_mod was given"
+        elif not cuda:
+            skipped[name] = "not on CUDA"
+        elif not half:
+            skipped[name] = f"dtype {q.dtype} (needs float16/bfloat16)"
+        elif not available:
+            skipped[name] = "not installed (pip install flash-attn)" if name == "flash_attn" else "torch has no varlen_attn"
+        elif attn_mask is not None:
+            skipped[name] = "an attn_mask was given"
+        elif causal_mismatch:
+            skipped[name] = "causal with L_q != L_k in some sample (kernel aligns bottom-right, torch top-left)"
+        elif name == "varlen" and dropout_p > 0:
+            skipped[name] = "dropout_p > 0"
+        elif not layout_ok:
+            skipped[name] = "samples are not (H, L, E)"
+        else:
+            return Choice(name, skipped)
+    if not cuda:
+        skipped["flex"] = "CPU default is per-sample (faster here, and flex has no CPU backward; see module docstring)"
+    elif q.sample_dim != 3:
+        skipped["flex"] = "samples are not (H, L, E)"
+    elif attn_mask is not None:
+        skipped["flex"] = "an attn_mask NestedTensor was given (pass a mask_mod instead)"
+    elif dropout_p > 0:
+        skipped["flex"] = "dropout_p > 0"
+    else:
+        return Choice("flex", skipped)
+    return Choice("per_sample", skipped)
+
+
+def _same_lengths(q: NestedTensor, k: NestedTensor) -> bool:
+    if q._meta is k._meta:
+        return True
+    dq, dk = q.sample_dim - 2, k.sample_dim - 2
+    return torch.equal(q.host_sizes()[:, dq], k.host_sizes()[:, dk])
+
+
+# ---------------------------------------------------------------------------- backends
+
+
+def _materialise(i: int, qi: Tensor, ki: Tensor, mask_mod, score_mod, scale, is_causal, enable_gqa):
+    """A per-sample additive mask equivalent to FlexAttention's mods (CPU path)."""
+    lq, lk = qi.shape[-2], ki.shape[-2]
+    h = torch.arange(qi.shape[-3] if qi.dim() >= 3 else 1, device=qi.device).view(-1, 1, 1)
+    qq = torch.arange(lq, device=qi.device).view(1, -1, 1)
+    kk = torch.arange(lk, device=qi.device).view(1, 1, -1)
+    b = torch.tensor(i, device=qi.device)
+    add = torch.zeros((h.shape[0], lq, lk), dtype=qi.dtype, device=qi.device)
+    if score_mod is not None:
+        kx = ki.repeat_interleave(qi.shape[-3] // ki.shape[-3], dim=-3) if enable_gqa and qi.dim() >= 3 else ki
+        s = (qi @ kx.transpose(-1, -2)) * (scale if scale is not None else qi.shape[-1] ** -0.5)
+        add = score_mod(s, b, h, qq, kk) - s  # the mod's change to each score (differentiable)
+    if mask_mod is not None:
+        keep = mask_mod(b, h, qq, kk).expand(add.shape)
+        add = add.masked_fill(~keep, float("-inf"))
+    if is_causal:
+        add = add.masked_fill(kk > qq, float("-inf"))
+    return add if qi.dim() >= 3 else add[0]
+
+
+def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mod=None, score_mod=None) -> Tensor:
+    """SDPA per sample on views of the rows; returns packed output rows (Tq, *static)."""
+    qv, kv, vv = values_of(q), values_of(k), values_of(v)
+    dq = q.sample_dim - 2
+    qo, ko = q.host_offsets().tolist(), k.host_offsets().tolist()
+    outs = []
+    for i in range(q.batch_size):
+        qi = qv[qo[i] : qo[i + 1]].movedim(0, dq)
+        ki = kv[ko[i] : ko[i + 1]].movedim(0, dq)
+        vi = vv[ko[i] : ko[i + 1]].movedim(0, dq)
+        mi = None if masks is None else masks[i]
+        causal = is_causal
+        if mask_mod is not None or score_mod is not None:
+            mi = _materialise(i, qi, ki, mask_mod, score_mod, scale, is_causal, enable_gqa)
+            causal = False
+            if mi.numel() and bool(torch.isinf(mi).all(-1).any()):
+                # rows with every key masked: FlexAttention returns zeros, SDPA would give NaN
+                mi = mi.masked_fill(torch.isinf(mi).all(-1, keepdim=True), 0.0)
+                oi = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mi, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
+                dead = torch.isinf(_materialise(i, qi.detach(), ki.detach(), mask_mod, None, scale, is_causal, enable_gqa)).all(-1)
+                outs.append(oi.masked_fill(dead.unsqueeze(-1), 0.0).movedim(dq, 0))
+                continue
+        oi = F.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=mi, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=enable_gqa
+        )
+        outs.append(oi.movedim(dq, 0))
+    if not outs:
+        return qv.new_empty((0, *qv.shape[1:-1], vv.shape[-1]))
+    return torch.cat(outs)
+
+
+def _varlen_call(backend, q, k, v, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
+    qv, kv, vv = values_of(q), values_of(k), values_of(v)
+    mq, mk = q.max_seqlen(1), k.max_seqlen(1)
+    if backend == "flash_attn":
+        return _flash_attn()(
+            qv, kv, vv, q.cu_seqlens(), k.cu_seqlens(), mq, mk, dropout_p=dropout_p, softmax_scale=scale, causal=is_causal
+        )
+    return _varlen()(
+        qv, kv, vv, q.cu_seqlens(), k.cu_seqlens(), mq, mk,
+        scale=scale, window_size=(-1, 0) if is_causal else (-1, -1), enable_gqa=enable_gqa,
+    )
+
+
+def _flex(q, k, v, is_causal, scale, enable_gqa, mask_mod, score_mod) -> Tensor:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    qv, kv, vv = values_of(q), values_of(k), values_of(v)
+    q_sid, k_sid = q.row_sample_ids(), k.row_sample_ids()
+    q_start = q._offsets[:-1].index_select(0, q_sid)
+    k_start = k._offsets[:-1].index_select(0, k_sid)
+
+    def doc_mask(b, h, qi, ki):
+        keep = q_sid[qi] == k_sid[ki]
+        ql, kl = qi - q_start[qi], ki - k_start[ki]
+        if is_causal:
+            keep = keep & (kl <= ql)
+        if mask_mod is not None:
+            keep = keep & mask_mod(q_sid[qi], h, ql, kl)
+        return keep
+
+    local_score = None
+    if score_mod is not None:
+
+        def local_score(score, b, h, qi, ki):
+            return score_mod(score, q_sid[qi], h, qi - q_start[qi], ki - k_start[ki])
+
+    tq, tk = qv.shape[0], kv.shape[0]
+    block = create_block_mask(doc_mask, None, None, tq, tk, device=qv.device)
+    out = flex_attention(
+        qv.permute(1, 0, 2).unsqueeze(0), kv.permute(1, 0, 2).unsqueeze(0), vv.permute(1, 0, 2).unsqueeze(0),
+        score_mod=local_score, block_mask=block, scale=scale, enable_gqa=enable_gqa,
+    )
+    return out.squeeze(0).permute(1, 0, 2)
+
+
+# ---------------------------------------------------------------------------- public entry points
+
+
+def attention(
+    query: NestedTensor,
+    key: NestedTensor,
+    value: NestedTensor,
+    attn_mask: NestedTensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+    *,
+    mask_mod: Callable | None = None,
+    score_mod: Callable | None = None,
+) -> NestedTensor:
+    """SDPA over NestedTensors (see module docstring); also takes FlexAttention-style
+    ``mask_mod(sample, head, q_local, kv_local)`` / ``score_mod(score, sample, head, q_local, kv_local)``."""
+    global last_choice
+    op = "scaled_dot_product_attention"
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, NestedTensor):
+            raise TypeError(f"{op}(): {name} must be a NestedTensor when any input is (got a dense {type(t).__name__})")
+    _seq_dim(op, query, "query")
+    _seq_dim(op, key, "key")
+    _seq_dim(op, value, "value")
+    if not (query.batch_size == key.batch_size == value.batch_size):
+        raise ValueError(
+            f"{op}(): batch sizes differ: query {query.batch_size}, key {key.batch_size}, value {value.batch_size}"
+        )
+    if _structure_mismatch(key, value) is not None:
+        raise ValueError(f"{op}(): key and value must have the same ragged structure: {_structure_mismatch(key, value)}")
+    masks = None
+    if attn_mask is not None:
+        if not isinstance(attn_mask, NestedTensor):
+            raise TypeError(
+                f"{op}(): attn_mask must be a NestedTensor of per-sample (L_i, S_i) masks; a dense "
+                f"mask of shape {tuple(attn_mask.shape)} has no per-sample meaning (use is_causal, or build "
+                "the mask per sample with padless.from_list)"
+            )
+        masks = unbind_samples(attn_mask)
+        _check_masks(op, masks, query, key)
+    choice = explain(query, key, value, attn_mask, dropout_p, is_causal, mask_mod, score_mod)
+    last_choice = choice
+    if _DEBUG and not _is_traced(query._values):
+        log.warning(str(choice))
+    if choice.backend in ("flash_attn", "varlen"):
+        out = _varlen_call(choice.backend, query, key, value, dropout_p, is_causal, scale, enable_gqa)
+    elif choice.backend == "flex":
+        out = _flex(query, key, value, is_causal, scale, enable_gqa, mask_mod, score_mod)
+    else:
+        out = _per_sample(query, key, value, masks, dropout_p, is_causal, scale, enable_gqa, mask_mod, score_mod)
+    return rewrap(out, query)
+
+
+def _check_masks(op: str, masks, q: NestedTensor, k: NestedTensor) -> None:
+    lq, lk = q.host_sizes()[:, q.sample_dim - 2].tolist(), k.host_sizes()[:, k.sample_dim - 2].tolist()
+    for i, m in enumerate(masks):
+        if m.dim() < 2 or m.shape[-2:] != (lq[i], lk[i]):
+            raise ValueError(
+                f"{op}(): attn_mask sample {i} has shape {tuple(m.shape)}, expected (..., {lq[i]}, {lk[i]}) "
+                "(query length x key length of that sample)"
+            )
+
+
+@implements(F.scaled_dot_product_attention, accepts="packed query, key, value; packed mask")
+def scaled_dot_product_attention(
+    func, query, key, value, attn_mask=None, dropout_p: float = 0.0, is_causal: bool = False, scale=None, enable_gqa: bool = False
+) -> NestedTensor:
+    """``F.scaled_dot_product_attention`` on NestedTensors (see module docstring)."""
+    return attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
