@@ -22,12 +22,14 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   varlen kernels cannot express (use it under ``torch.compile``; eager flex is a
   slow reference).
 * ``per_sample`` (any device, any dtype): torch's SDPA on each sample's rows (views
-  of ``values``), no padded position computed. On this project's 2-core CPU with
-  B=16, H=4, E=64, lengths U[16, 256], forward + backward
-  (``python benchmarks/attention_cpu.py``): per-sample 15.1 ms, one block-diagonal
-  SDPA over all rows 131 ms (it computes every cross-sample score), eager FlexAttention
-  over 1 s (a dense reference); compiled FlexAttention on CPU was not competitive to
-  build here. Per-sample is therefore the CPU default.
+  of ``values`` with unit leading dims, so torch's fused CPU kernel runs), no padded
+  position computed. Measured on this project's 2-core CPU, B=16, H=4, E=64, lengths
+  U[16, 256], SDPA forward + backward (``python benchmarks/attention_cpu.py``, one
+  run): per-sample 32.4 ms, padded with a key mask 37.6 ms, one block-diagonal SDPA
+  over all rows 515 ms (it computes every cross-sample score); eager FlexAttention
+  (forward only: no CPU backward in torch 2.13) 28.7 ms on 4 of the samples where
+  per-sample takes 1.2 ms. Per-sample is therefore the CPU default. (A bucketed
+  variant would pad inside buckets, which this path never does.)
 
 Semantics (identical to dense SDPA on each sample): a sample with zero keys and some
 queries gets zeros (and zero gradients), as torch's SDPA does for an empty key set;
