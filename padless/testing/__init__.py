@@ -10,7 +10,7 @@ batch of one sample.
 """
 
 from padless.testing.variants import VARIANTS, Variant, make_batch, random_shapes, variant
-from padless.testing.reference import assert_close_samples, check_op
+from padless.testing.reference import assert_close_samples, check_op, check_samples, leaves
 from padless.testing import bench
 
 __all__ = [
@@ -19,6 +19,8 @@ __all__ = [
     "assert_close_samples",
     "bench",
     "check_op",
+    "check_samples",
+    "leaves",
     "make_batch",
     "random_shapes",
     "variant",

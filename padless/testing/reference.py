@@ -80,3 +80,44 @@ def check_op(
         else:
             assert_close_samples(nt.grad, want, what="gradient", **tol)
     return out
+
+
+def leaves(
+    shapes: Sequence[tuple[int, ...]],
+    seed: int = 0,
+    ragged: Sequence[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> tuple[NestedTensor, list[Tensor]]:
+    """A leaf NestedTensor of random samples with these shapes, and the same samples as
+    separate dense leaves (the reference side of :func:`check_samples`)."""
+    g = torch.Generator().manual_seed(seed)
+    dense = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype).requires_grad_() for s in shapes]
+    nt = from_list([d.detach() for d in dense], ragged_dims=ragged, requires_grad=True)
+    return nt, dense
+
+
+def check_samples(
+    fn: Callable[..., Tensor],
+    ref: Callable[..., Tensor],
+    inputs: Sequence[tuple[NestedTensor, list[Tensor]]],
+    **tol,
+) -> Tensor:
+    """Multi-input version of :func:`check_op`: ``inputs`` are ``(nt, dense samples)`` pairs
+    from :func:`leaves`; ``ref`` gets the i-th dense sample of every input. Compares the
+    output sample by sample and the gradient of every input. Returns the output."""
+    tol.setdefault("atol", 1e-5)
+    tol.setdefault("rtol", 1e-5)
+    out = fn(*[nt for nt, _ in inputs])
+    b = len(inputs[0][1])
+    refs = [ref(*[dense[i] for _, dense in inputs]) for i in range(b)]
+    assert_close_samples(out, refs, **tol)
+    g = torch.Generator().manual_seed(1234)
+    cot = [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r.dtype) for r in refs]
+    if isinstance(out, NestedTensor):
+        out.backward(from_list(cot, ragged_dims=out.ragged_dims, dtype=out.dtype))
+    else:
+        out.backward(torch.stack(cot))
+    torch.autograd.backward(refs, cot)
+    for nt, dense in inputs:
+        assert_close_samples(nt.grad, [d.grad for d in dense], what="gradient", **tol)
+    return out

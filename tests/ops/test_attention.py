@@ -6,27 +6,7 @@ import torch.nn.functional as F
 
 import padless
 from padless.ops import attention as attn
-from padless.testing import assert_close_samples
-
-
-def _leaves(shapes, seed, ragged=(1,), dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    dense = [torch.randn(s, generator=g).to(dtype).requires_grad_() for s in shapes]
-    nt = padless.from_list([d.detach() for d in dense], ragged_dims=ragged, requires_grad=True)
-    return nt, dense
-
-
-def _check(fn, ref, inputs, tol=1e-5):
-    out = fn(*[nt for nt, _ in inputs])
-    b = len(inputs[0][1])
-    refs = [ref(*[d[i] for _, d in inputs]) for i in range(b)]
-    assert_close_samples(out, refs, atol=tol, rtol=tol)
-    cot = [torch.randn_like(r) for r in refs]
-    out.backward(padless.from_list(cot, ragged_dims=out.ragged_dims, dtype=out.dtype))
-    torch.autograd.backward(refs, cot)
-    for nt, dense in inputs:
-        assert_close_samples(nt.grad, [d.grad for d in dense], what="gradient", atol=tol, rtol=tol)
-    return out
+from padless.testing import assert_close_samples, check_samples, leaves
 
 
 LQ = [3, 5, 0, 1]
@@ -36,20 +16,20 @@ LK = [4, 0, 2, 1]
 def _qkv(lq=LQ, lk=LK, h=2, e=8, ev=8, hk=None, dtype=torch.float32):
     hk = hk or h
     return (
-        _leaves([(h, n, e) for n in lq], 1, dtype=dtype),
-        _leaves([(hk, n, e) for n in lk], 2, dtype=dtype),
-        _leaves([(hk, n, ev) for n in lk], 3, dtype=dtype),
+        leaves([(h, n, e) for n in lq], 1, dtype=dtype),
+        leaves([(hk, n, e) for n in lk], 2, dtype=dtype),
+        leaves([(hk, n, ev) for n in lk], 3, dtype=dtype),
     )
 
 
 def test_self_attention():
-    q = _leaves([(2, n, 8) for n in LQ], 1)
-    _check(lambda a: F.scaled_dot_product_attention(a, a, a), lambda a: F.scaled_dot_product_attention(a, a, a), [q])
+    q = leaves([(2, n, 8) for n in LQ], 1)
+    check_samples(lambda a: F.scaled_dot_product_attention(a, a, a), lambda a: F.scaled_dot_product_attention(a, a, a), [q])
 
 
 def test_cross_attention_takes_query_structure_and_zero_keys_give_zeros():
     q, k, v = _qkv(ev=6)
-    out = _check(F.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v])
+    out = check_samples(F.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v])
     assert out.ragged_dims == (1,) and out.shape == (4, 2, 5, 6)
     assert float(out[1].detach().abs().sum()) == 0.0  # sample 1: 5 queries, no key -> zeros (as dense SDPA)
 
@@ -61,7 +41,7 @@ def test_causal_is_top_left_aligned(lk):
     def f(a, b, c):
         return F.scaled_dot_product_attention(a, b, c, is_causal=True)
 
-    _check(f, f, [q, k, v])
+    check_samples(f, f, [q, k, v])
 
 
 def test_scale_and_gqa():
@@ -70,7 +50,7 @@ def test_scale_and_gqa():
     def f(a, b, c):
         return F.scaled_dot_product_attention(a, b, c, scale=0.3, enable_gqa=True)
 
-    _check(f, f, [q, k, v])
+    check_samples(f, f, [q, k, v])
 
 
 @pytest.mark.parametrize("kind", ["bool", "additive"])
@@ -89,7 +69,7 @@ def test_per_sample_masks(kind):
     def ref(a, b, c, _it=iter(masks)):
         return F.scaled_dot_product_attention(a, b, c, attn_mask=next(_it))
 
-    _check(f, ref, [q, k, v])
+    check_samples(f, ref, [q, k, v])
 
 
 def test_dropout_matches_per_sample_rng_order():
@@ -102,8 +82,8 @@ def test_dropout_matches_per_sample_rng_order():
 
 
 def test_seq_heads_layout_via_transpose():
-    q = _leaves([(n, 2, 8) for n in LQ], 4, ragged=(0,))
-    _check(
+    q = leaves([(n, 2, 8) for n in LQ], 4, ragged=(0,))
+    check_samples(
         lambda a: F.scaled_dot_product_attention(a.transpose(1, 2), a.transpose(1, 2), a.transpose(1, 2)).transpose(1, 2),
         lambda a: F.scaled_dot_product_attention(a.transpose(0, 1), a.transpose(0, 1), a.transpose(0, 1)).transpose(0, 1),
         [q],
@@ -111,13 +91,13 @@ def test_seq_heads_layout_via_transpose():
 
 
 def test_single_head_two_dim_samples():
-    q = _leaves([(n, 8) for n in LQ], 5, ragged=(0,))
-    _check(lambda a: F.scaled_dot_product_attention(a, a, a), lambda a: F.scaled_dot_product_attention(a, a, a), [q])
+    q = leaves([(n, 8) for n in LQ], 5, ragged=(0,))
+    check_samples(lambda a: F.scaled_dot_product_attention(a, a, a), lambda a: F.scaled_dot_product_attention(a, a, a), [q])
 
 
 def test_bf16():
     q, k, v = _qkv(dtype=torch.bfloat16)
-    _check(F.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v], tol=2e-2)
+    check_samples(F.scaled_dot_product_attention, F.scaled_dot_product_attention, [q, k, v], atol=2e-2, rtol=2e-2)
 
 
 def test_flex_backend_with_sample_local_mask_and_score_mods():
@@ -142,7 +122,7 @@ def test_flex_backend_with_sample_local_mask_and_score_mods():
         w = torch.softmax(s, -1).nan_to_num(0.0)
         return w @ c
 
-    out = _check(f, ref, [q, k, v], tol=1e-4)
+    out = check_samples(f, ref, [q, k, v], atol=1e-4, rtol=1e-4)
     assert attn.last_choice.backend == "per_sample"  # on CPU the mods are materialised per sample
     assert out.ragged_dims == (1,)
     with torch.no_grad():  # the flex backend itself (forward only on CPU, eager reference)
@@ -171,7 +151,7 @@ def test_errors():
         F.scaled_dot_product_attention(img, img, img)
     with pytest.raises(TypeError, match=r"key must be a NestedTensor"):
         F.scaled_dot_product_attention(q, torch.randn(4, 2, 5, 8), torch.randn(4, 2, 5, 8))
-    k2 = _leaves([(2, n, 8) for n in (1, 2)], 9)[0]
+    k2 = leaves([(2, n, 8) for n in (1, 2)], 9)[0]
     with pytest.raises(ValueError, match=r"batch sizes differ: query 4, key 2, value 4"):
         F.scaled_dot_product_attention(q, k2, v)
 

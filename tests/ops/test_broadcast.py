@@ -4,86 +4,62 @@ import pytest
 import torch
 
 import padless
-from padless.testing import assert_close_samples
-
-
-def _leaves(shapes, seed=0, ragged=None):
-    g = torch.Generator().manual_seed(seed)
-    dense = [torch.randn(s, generator=g, dtype=torch.float64).float().requires_grad_() for s in shapes]
-    nt = padless.from_list([d.detach() for d in dense], ragged_dims=ragged, requires_grad=True)
-    return nt, dense
-
-
-def _check(fn, ref, inputs):
-    """inputs: list of (nt, dense list). Compare values and every input's gradient."""
-    out = fn(*[nt for nt, _ in inputs])
-    b = len(inputs[0][1])
-    refs = [ref(*[dense[i] for _, dense in inputs]) for i in range(b)]
-    assert_close_samples(out, refs, atol=1e-5, rtol=1e-5)
-    cot = [torch.randn_like(r) for r in refs]
-    if isinstance(out, padless.NestedTensor):
-        out.backward(padless.from_list(cot, ragged_dims=out.ragged_dims))
-    else:
-        out.backward(torch.stack(cot))
-    torch.autograd.backward(refs, cot)
-    for nt, dense in inputs:
-        assert_close_samples(nt.grad, [d.grad for d in dense], what="gradient", atol=1e-5, rtol=1e-5)
-    return out
+from padless.testing import assert_close_samples, check_samples, leaves
 
 
 LENS = [3, 5, 0, 1]
 
 
 def test_square_pair_from_one_single():
-    x = _leaves([(n, 4) for n in LENS])
-    out = _check(lambda a: a.unsqueeze(2) + a.unsqueeze(1), lambda a: a.unsqueeze(1) + a.unsqueeze(0), [x])
+    x = leaves([(n, 4) for n in LENS])
+    out = check_samples(lambda a: a.unsqueeze(2) + a.unsqueeze(1), lambda a: a.unsqueeze(1) + a.unsqueeze(0), [x])
     assert out.ragged_dims == (0, 1) and out.values().shape == (sum(n * n for n in LENS), 4)
 
 
 def test_outer_product_from_two_singles():
-    u = _leaves([(n, 4) for n in LENS], seed=1)
-    v = _leaves([(n, 4) for n in LENS], seed=2)
-    _check(lambda a, b: a.unsqueeze(2) * b.unsqueeze(1), lambda a, b: a.unsqueeze(1) * b.unsqueeze(0), [u, v])
+    u = leaves([(n, 4) for n in LENS], seed=1)
+    v = leaves([(n, 4) for n in LENS], seed=2)
+    check_samples(lambda a, b: a.unsqueeze(2) * b.unsqueeze(1), lambda a, b: a.unsqueeze(1) * b.unsqueeze(0), [u, v])
 
 
 def test_rectangular_pairs():
-    q = _leaves([(n, 3) for n in (2, 4, 1)], seed=1)
-    k = _leaves([(m, 3) for m in (5, 0, 3)], seed=2)
-    out = _check(lambda a, b: (a.unsqueeze(2) - b.unsqueeze(1)).relu(), lambda a, b: (a.unsqueeze(1) - b.unsqueeze(0)).relu(), [q, k])
+    q = leaves([(n, 3) for n in (2, 4, 1)], seed=1)
+    k = leaves([(m, 3) for m in (5, 0, 3)], seed=2)
+    out = check_samples(lambda a, b: (a.unsqueeze(2) - b.unsqueeze(1)).relu(), lambda a, b: (a.unsqueeze(1) - b.unsqueeze(0)).relu(), [q, k])
     assert out.sizes()[:, :2].tolist() == [[2, 5], [4, 0], [1, 3]]
 
 
 def test_pair_plus_single_and_dense():
-    p = _leaves([(n, n, 4) for n in LENS], seed=3)
-    s = _leaves([(n, 4) for n in LENS], seed=4)
+    p = leaves([(n, n, 4) for n in LENS], seed=3)
+    s = leaves([(n, 4) for n in LENS], seed=4)
     w = torch.randn(4)
-    _check(lambda a, b: a + b.unsqueeze(1) * w, lambda a, b: a + b.unsqueeze(0) * w, [p, s])
-    p2 = _leaves([(n, n, 4) for n in LENS], seed=3)
-    s2 = _leaves([(n, 4) for n in LENS], seed=4)
-    _check(lambda a, b: a * b.unsqueeze(2), lambda a, b: a * b.unsqueeze(1), [p2, s2])
+    check_samples(lambda a, b: a + b.unsqueeze(1) * w, lambda a, b: a + b.unsqueeze(0) * w, [p, s])
+    p2 = leaves([(n, n, 4) for n in LENS], seed=3)
+    s2 = leaves([(n, 4) for n in LENS], seed=4)
+    check_samples(lambda a, b: a * b.unsqueeze(2), lambda a, b: a * b.unsqueeze(1), [p2, s2])
 
 
 def test_pair_plus_its_transpose():
-    p = _leaves([(n, n, 2) for n in LENS], seed=5)
-    _check(lambda a: a + a.transpose(1, 2) * 3, lambda a: a + a.transpose(0, 1) * 3, [p])
+    p = leaves([(n, n, 2) for n in LENS], seed=5)
+    check_samples(lambda a: a + a.transpose(1, 2) * 3, lambda a: a + a.transpose(0, 1) * 3, [p])
 
 
 def test_mean_keepdim_broadcasts_back():
-    p = _leaves([(n, n, 2) for n in (2, 4, 3)], seed=6)
-    _check(lambda a: a - a.mean(dim=2, keepdim=True), lambda a: a - a.mean(dim=1, keepdim=True), [p])
+    p = leaves([(n, n, 2) for n in (2, 4, 3)], seed=6)
+    check_samples(lambda a: a - a.mean(dim=2, keepdim=True), lambda a: a - a.mean(dim=1, keepdim=True), [p])
 
 
 def test_non_leading_layouts():
-    x = _leaves([(3, n) for n in LENS], seed=7, ragged=(1,))  # (C, N_i)
-    out = _check(lambda a: a.unsqueeze(-1) * a.unsqueeze(-2), lambda a: a.unsqueeze(-1) * a.unsqueeze(-2), [x])
+    x = leaves([(3, n) for n in LENS], seed=7, ragged=(1,))  # (C, N_i)
+    out = check_samples(lambda a: a.unsqueeze(-1) * a.unsqueeze(-2), lambda a: a.unsqueeze(-1) * a.unsqueeze(-2), [x])
     assert out.ragged_dims == (1, 2)
-    h = _leaves([(2, n, n) for n in (3, 1, 4)], seed=8, ragged=(1, 2))  # (H, N_i, N_i)
-    s = _leaves([(n,) for n in (3, 1, 4)], seed=9)
-    _check(lambda a, b: a + b.unsqueeze(1).unsqueeze(1), lambda a, b: a + b, [h, s])
+    h = leaves([(2, n, n) for n in (3, 1, 4)], seed=8, ragged=(1, 2))  # (H, N_i, N_i)
+    s = leaves([(n,) for n in (3, 1, 4)], seed=9)
+    check_samples(lambda a, b: a + b.unsqueeze(1).unsqueeze(1), lambda a, b: a + b, [h, s])
 
 
 def test_pair_ops_reuse_cached_maps():
-    x, _ = _leaves([(n, 4) for n in LENS])
+    x, _ = leaves([(n, 4) for n in LENS])
     a = x.unsqueeze(2) + x.unsqueeze(1)
     b = x.unsqueeze(2) + x.unsqueeze(1)
     assert a._meta is b._meta  # same plan, same output structure object
@@ -105,8 +81,8 @@ def test_incompatible_structures_raise():
 
 
 def test_contiguous_relayouts_transposed_pairs():
-    p = _leaves([(n, n, 2) for n in LENS], seed=11)
-    out = _check(lambda a: a.transpose(1, 2).contiguous() * 2, lambda a: a.transpose(0, 1) * 2, [p])
+    p = leaves([(n, n, 2) for n in LENS], seed=11)
+    out = check_samples(lambda a: a.transpose(1, 2).contiguous() * 2, lambda a: a.transpose(0, 1) * 2, [p])
     assert out.is_contiguous()
     pt = p[0].transpose(1, 2)
     assert not pt.is_contiguous() and pt.contiguous().is_contiguous()
