@@ -28,6 +28,7 @@ from padless.testing import bench
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--flex-compiled", action="store_true", help="also time compiled FlexAttention (forward; ~10 s compile)")
     args = ap.parse_args()
     torch.manual_seed(0)
     lengths = torch.randint(16, 257, (16,)).tolist()
@@ -70,6 +71,25 @@ def main() -> None:
           f"{torch.get_num_threads()} threads, torch {torch.__version__}")
     bench.print_table(bench.rows_from("SDPA fwd+bwd", res), "CPU attention strategies", "padded + mask")
     print(f"\nFlexAttention eager, forward only, first 4 samples: {flex_ms:.1f} ms (per-sample: {ps_ms:.1f} ms)")
+    if args.flex_compiled:
+        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+        def doc(b, hh, qi, ki):
+            return sid[qi] == sid[ki]
+
+        bm = create_block_mask(doc, None, None, t, t, device="cpu")
+        x = qv.detach().permute(1, 0, 2).unsqueeze(0)
+        cf = torch.compile(flex_attention)
+        t0 = time.perf_counter()
+        cf(x, x, x, block_mask=bm)
+        compile_s = time.perf_counter() - t0
+        with torch.no_grad():
+            res2 = bench.interleaved(
+                {"per-sample": lambda: F.scaled_dot_product_attention(q, q, q), "flex compiled": lambda: cf(x, x, x, block_mask=bm)},
+                baseline="per-sample", rounds=args.rounds, warmup=1,
+            )
+        print(f"compiled FlexAttention (compile {compile_s:.1f} s), forward only:")
+        bench.print_table(bench.rows_from("SDPA forward", res2), "Forward only", "per-sample")
 
 
 if __name__ == "__main__":

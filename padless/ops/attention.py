@@ -26,10 +26,12 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   position computed. Measured on this project's 2-core CPU, B=16, H=4, E=64, lengths
   U[16, 256], SDPA forward + backward (``python benchmarks/attention_cpu.py``, one
   run): per-sample 32.4 ms, padded with a key mask 37.6 ms, one block-diagonal SDPA
-  over all rows 515 ms (it computes every cross-sample score); eager FlexAttention
-  (forward only: no CPU backward in torch 2.13) 28.7 ms on 4 of the samples where
-  per-sample takes 1.2 ms. Per-sample is therefore the CPU default. (A bucketed
-  variant would pad inside buckets, which this path never does.)
+  over all rows 515 ms (it computes every cross-sample score). FlexAttention has no
+  CPU backward in torch 2.13; forward only, compiled FlexAttention with the document
+  mask takes 23.9 ms (after a 10.7 s compile) where per-sample takes 8.4 ms
+  (``--flex-compiled``), and eager flex is a dense reference (28.7 ms on 4 samples vs
+  1.2 ms). Per-sample is therefore the CPU default. (A bucketed variant would pad
+  inside buckets, which this path never does.)
 
 Semantics (identical to dense SDPA on each sample): a sample with zero keys and some
 queries gets zeros (and zero gradients), as torch's SDPA does for an empty key set;
