@@ -1,0 +1,122 @@
+"""Sparse features: collate + pooled embedding lookup, padless vs a padded baseline.
+
+    python benchmarks/jagged.py [--batch 512] [--features 8] [--max-len 60] [--dim 64] [--rounds 15]
+
+A batch of per-sample ``{feature: ids}`` dicts (python lists, as a dataset yields them;
+long-tailed lengths, some features missing) is
+
+* padded: ``pad_sequence`` per feature + a mask, then ``F.embedding`` of the padded ids,
+  a masked sum over the padded axis (``padless.jagged.reference``, the naive twin);
+* hand packing: per-feature ``torch.cat`` of the ids + their offsets, ``F.embedding_bag``;
+* padless: ``collate_sparse`` -> KeyedJaggedTensor -> ``embedding_bag`` -> KeyedTensor;
+* TorchRec's ``EmbeddingBagCollection`` when torchrec is installed (not here).
+
+Timed: collation alone, pooling forward + backward alone, and both; medians of
+interleaved rounds from one run; ratios are per-round (padded time / this time).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+
+from padless.jagged import collate_sparse, embedding_bag
+from padless.jagged.reference import pad_sparse, padded_pool, random_sparse_samples
+from padless.testing import bench
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=512)
+    ap.add_argument("--features", type=int, default=8)
+    ap.add_argument("--max-len", type=int, default=60)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--num-embeddings", type=int, default=20_000)
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    keys = [f"f{i}" for i in range(args.features)]
+    samples = random_sparse_samples(args.batch, keys, max_len=args.max_len, num_embeddings=args.num_embeddings)
+    tables = {k: torch.randn(args.num_embeddings, args.dim, requires_grad=True) for k in keys}
+
+    def collate_padded():
+        return pad_sparse(samples, keys)
+
+    def collate_hand():
+        out = {}
+        for k in keys:
+            rows = [torch.as_tensor(s.get(k, []), dtype=torch.int64) for s in samples]
+            lengths = torch.tensor([r.numel() for r in rows])
+            out[k] = (torch.cat(rows), torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
+        return out
+
+    def collate_padless():
+        return collate_sparse(samples, keys)
+
+    padded_batch, hand_batch, kjt = collate_padded(), collate_hand(), collate_padless()
+
+    def step(f):
+        for t in tables.values():
+            t.grad = None
+        f().sum().backward()
+
+    def pool_padded(batch=padded_batch):
+        ids, masks = batch
+        return torch.cat([padded_pool(ids[k], masks[k], tables[k]) for k in keys], dim=1)
+
+    def pool_hand(batch=hand_batch):
+        return torch.cat(
+            [F.embedding_bag(batch[k][0], tables[k], batch[k][1], mode="sum", include_last_offset=True) for k in keys],
+            dim=1,
+        )
+
+    def pool_padless(batch=kjt):
+        return embedding_bag(batch, tables, mode="sum").values()
+
+    # same result everywhere (forward and gradients)
+    ref = pool_padded()
+    torch.testing.assert_close(pool_hand(), ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pool_padless(), ref, rtol=1e-4, atol=1e-4)
+
+    ids, masks = padded_batch
+    real = sum(kjt.length_per_key())
+    padded = sum(int(ids[k].numel()) for k in keys)
+    occupancy = real / padded
+    print(
+        f"B={args.batch}, {args.features} features, lengths 0..{args.max_len} (long-tailed, 10% missing), "
+        f"D={args.dim}, tables {args.num_embeddings} rows, {args.threads} thread(s), torch {torch.__version__}"
+    )
+    print(
+        f"ids: {real:,} real, {padded:,} padded (occupancy {occupancy:.2f}); padded embedding activation "
+        f"{padded * args.dim * 4 / 2**20:.1f} MB, padless pooled output only {args.batch * args.features * args.dim * 4 / 2**20:.1f} MB"
+    )
+    notes = {}
+    impls_c = {"padded": collate_padded, "hand packing": collate_hand, "padless": collate_padless}
+    impls_p = {
+        "padded": lambda: step(pool_padded),
+        "hand packing": lambda: step(pool_hand),
+        "padless": lambda: step(pool_padless),
+    }
+    impls_t = {
+        "padded": lambda: step(lambda: pool_padded(collate_padded())),
+        "hand packing": lambda: step(lambda: pool_hand(collate_hand())),
+        "padless": lambda: step(lambda: pool_padless(collate_padless())),
+    }
+    if importlib.util.find_spec("torchrec") is None:
+        notes["torchrec"] = "not installed"
+    rows = []
+    rows += bench.rows_from("collate", bench.interleaved(impls_c, baseline="padded", rounds=args.rounds))
+    rows += bench.rows_from("pool fwd+bwd", bench.interleaved(impls_p, baseline="padded", rounds=args.rounds))
+    rows += bench.rows_from("collate + pool fwd+bwd", bench.interleaved(impls_t, baseline="padded", rounds=args.rounds))
+    bench.print_table(rows, "sparse features: collate + pooled embedding lookup", "padded")
+    if notes:
+        print(f"\nTorchRec (KeyedJaggedTensor + EmbeddingBagCollection): {notes['torchrec']}, not run")
+
+
+if __name__ == "__main__":
+    main()

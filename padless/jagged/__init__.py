@@ -1,0 +1,16 @@
+"""TorchRec-style sparse-feature types on padless' packed layout.
+
+``JaggedTensor`` (one ragged axis), ``KeyedJaggedTensor`` (several features,
+key-major), ``KeyedTensor`` (dense per-key blocks), ``embedding_bag`` (pooled lookup
+into a KeyedTensor) and ``collate_sparse`` (per-sample ``{feature: ids}`` dicts into a
+KeyedJaggedTensor, host metadata precomputed). Same method names and semantics as
+TorchRec; TorchRec itself is optional (``to_torchrec()``/``from_torchrec()``).
+"""
+
+from padless.jagged.jagged_tensor import JaggedTensor
+from padless.jagged.keyed_jagged import KeyedJaggedTensor
+from padless.jagged.keyed_tensor import KeyedTensor
+from padless.jagged.pooling import embedding_bag
+from padless.jagged.collate import collate_sparse
+
+__all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "collate_sparse", "embedding_bag"]

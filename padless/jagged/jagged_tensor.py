@@ -1,0 +1,350 @@
+"""JaggedTensor: one ragged axis over packed values, TorchRec's type on padless' layout."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.jagged import _checks as C
+
+if TYPE_CHECKING:
+    from padless.tensor.core import NestedTensor
+
+
+class JaggedTensor:
+    """A batch of variable-length slices of one packed ``values`` buffer (optionally weighted).
+
+    Six slices, lengths ``2, 0, 1, 1, 1, 3``::
+
+        slice    0        1     2     3     4     5
+               [1, 2]    []    [3]   [4]   [5]   [6, 7, 8]
+
+        values  = [1, 2, 3, 4, 5, 6, 7, 8]          (T,) or (T, *static): slices' rows, packed
+        lengths = [2, 0, 1, 1, 1, 3]                (B,)
+        offsets = [0, 2, 2, 3, 4, 5, 8]             (B+1,) slice i is values[offsets[i]:offsets[i+1]]
+        weights = same shape as values, or None
+
+    This is padless' packed layout (``NestedTensor.values()`` / ``offsets()``) with one
+    ragged dim, so ``to_nested()`` and ``from_nested()`` are views, not copies.
+
+    Give ``lengths`` or ``offsets`` (or both); the other is derived on request and
+    cached. Accessors say what they cost: ``lengths()``/``offsets()`` compute (no
+    sync) and cache, ``*_or_none()`` never compute. Built from host (CPU) tensors the
+    structure is validated and a host copy of the offsets is kept, so ``to_dense()``
+    and ``to_padded_dense()`` never wait on a device after ``to(device)``.
+
+    >>> jt = JaggedTensor(values=torch.tensor([1., 2, 3, 4, 5, 6, 7, 8]),
+    ...                   offsets=torch.tensor([0, 2, 2, 3, 4, 5, 8]))
+    >>> jt.lengths()
+    tensor([2, 0, 1, 1, 1, 3])
+    >>> [t.tolist() for t in jt.to_dense()]
+    [[1.0, 2.0], [], [3.0], [4.0], [5.0], [6.0, 7.0, 8.0]]
+    """
+
+    __slots__ = ("_values", "_weights", "_lengths", "_offsets", "_host_offsets")
+
+    def __init__(
+        self,
+        values: Tensor,
+        weights: Tensor | None = None,
+        lengths: Tensor | None = None,
+        offsets: Tensor | None = None,
+    ) -> None:
+        what = "JaggedTensor"
+        if not isinstance(values, Tensor):
+            raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
+        if values.dim() < 1:
+            raise ValueError(f"{what}: values must have a row dim (T, *static), got a 0-d tensor")
+        if lengths is None and offsets is None:
+            raise ValueError(f"{what}: pass lengths= or offsets= (or both)")
+        C.check_weights(what, weights, values)
+        total = values.shape[0]
+        host: Tensor | None = None
+        if lengths is not None:
+            C.check_int(what, "lengths", lengths)
+            C.check_lengths(what, lengths, total)
+            if C.is_host(lengths):
+                host = C.offsets_from_lengths(lengths.to(torch.int64))
+        if offsets is not None:
+            C.check_int(what, "offsets", offsets)
+            C.check_offsets(what, offsets, total)
+            if lengths is not None and offsets.numel() != lengths.numel() + 1:
+                raise ValueError(
+                    f"{what}: offsets must have len(lengths) + 1 = {lengths.numel() + 1} entries, got {offsets.numel()}"
+                )
+            if C.is_host(offsets):
+                ho = offsets.to(torch.int64)
+                if host is not None and not torch.equal(ho, host):
+                    raise ValueError(
+                        f"{what}: lengths and offsets disagree: offsets {ho.tolist()}, "
+                        f"cumsum of lengths {host.tolist()}"
+                    )
+                host = ho
+        self._values = values
+        self._weights = weights
+        self._lengths = lengths
+        self._offsets = offsets
+        self._host_offsets = host
+
+    @classmethod
+    def _make(
+        cls,
+        values: Tensor,
+        weights: Tensor | None,
+        lengths: Tensor | None,
+        offsets: Tensor | None,
+        host_offsets: Tensor | None,
+    ) -> "JaggedTensor":
+        """Internal: trusted parts (already validated), no checks."""
+        jt = cls.__new__(cls)
+        jt._values, jt._weights, jt._lengths, jt._offsets = values, weights, lengths, offsets
+        jt._host_offsets = host_offsets
+        return jt
+
+    # ------------------------------------------------------------------ accessors
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def weights(self) -> Tensor:
+        """The weights; raises if this JaggedTensor has none (see ``weights_or_none``)."""
+        if self._weights is None:
+            raise ValueError("JaggedTensor.weights(): this JaggedTensor has no weights; use weights_or_none()")
+        return self._weights
+
+    def weights_or_none(self) -> Tensor | None:
+        return self._weights
+
+    def lengths(self) -> Tensor:
+        """Slice lengths ``(B,)``; derived from offsets on their device (no sync) and cached."""
+        if self._lengths is None:
+            assert self._offsets is not None  # invariant: one of the two is always set
+            self._lengths = C.lengths_from_offsets(self._offsets)
+        return self._lengths
+
+    def lengths_or_none(self) -> Tensor | None:
+        return self._lengths
+
+    def offsets(self) -> Tensor:
+        """Offsets ``(B+1,)``; derived from lengths on their device (no sync) and cached."""
+        if self._offsets is None:
+            assert self._lengths is not None
+            self._offsets = C.offsets_from_lengths(self._lengths)
+        return self._offsets
+
+    def offsets_or_none(self) -> Tensor | None:
+        return self._offsets
+
+    def host_offsets(self) -> Tensor:
+        """Offsets as a CPU int64 tensor, cached. Syncs once only for a JaggedTensor built
+        from device tensors (anything built on the host, then moved, carries it)."""
+        if self._host_offsets is None:
+            self._host_offsets = self.offsets().to("cpu", torch.int64)
+        return self._host_offsets
+
+    def device(self) -> torch.device:
+        return self._values.device
+
+    def batch_size(self) -> int:
+        """Number of slices B (no sync)."""
+        return self._lengths.numel() if self._lengths is not None else self.offsets().numel() - 1
+
+    def __len__(self) -> int:
+        return self.batch_size()
+
+    # ------------------------------------------------------------------ dense views
+
+    def to_dense(self) -> list[Tensor]:
+        """One tensor per slice (views of ``values``); reads host offsets."""
+        return list(torch.split(self._values, self._host_lengths()))
+
+    def to_dense_weights(self) -> list[Tensor] | None:
+        if self._weights is None:
+            return None
+        return list(torch.split(self._weights, self._host_lengths()))
+
+    def to_padded_dense(self, desired_length: int | None = None, padding_value: float = 0.0) -> Tensor:
+        """Dense ``(B, N, *static)``: slices padded with ``padding_value`` to ``N`` rows.
+
+        ``N = desired_length``, or the longest slice when None; slices longer than
+        ``desired_length`` are truncated (as TorchRec documents).
+
+        >>> jt = JaggedTensor(values=torch.tensor([1., 2, 3, 4, 5, 6, 7, 8]),
+        ...                   offsets=torch.tensor([0, 2, 2, 3, 4, 5, 8]))
+        >>> jt.to_padded_dense(desired_length=2, padding_value=10.0).tolist()
+        [[1.0, 2.0], [10.0, 10.0], [3.0, 10.0], [4.0, 10.0], [5.0, 10.0], [6.0, 7.0]]
+        """
+        return self._padded(self._values, desired_length, padding_value)
+
+    def to_padded_dense_weights(
+        self, desired_length: int | None = None, padding_value: float = 0.0
+    ) -> Tensor | None:
+        if self._weights is None:
+            return None
+        return self._padded(self._weights, desired_length, padding_value)
+
+    def _host_lengths(self) -> list[int]:
+        return C.lengths_from_offsets(self.host_offsets()).tolist()
+
+    def _padded(self, src: Tensor, desired_length: int | None, padding_value: float) -> Tensor:
+        ho = self.host_offsets()
+        b = ho.numel() - 1
+        if desired_length is None:
+            n = int(C.lengths_from_offsets(ho).max()) if b else 0
+        else:
+            if desired_length < 0:
+                raise ValueError(f"JaggedTensor.to_padded_dense: desired_length must be >= 0, got {desired_length}")
+            n = int(desired_length)
+        total = src.shape[0]
+        if total == 0 or n == 0:
+            return src.new_full((b, n, *src.shape[1:]), padding_value)
+        # one scatter into a flat buffer with a spill slot for truncated rows: no boolean
+        # indexing, so no device sync
+        out = src.new_full((b * n + 1, *src.shape[1:]), padding_value)
+        off = self.offsets().to(torch.int64)
+        rows = torch.repeat_interleave(torch.arange(b, device=src.device), off[1:] - off[:-1], output_size=total)
+        pos = torch.arange(total, device=src.device) - off[:-1][rows]
+        dest = torch.where(pos < n, rows * n + pos, b * n)
+        out.index_put_((dest,), src)  # truncated rows all land in the spill slot, then dropped
+        return out[: b * n].view(b, n, *src.shape[1:])
+
+    # ------------------------------------------------------------------ constructors
+
+    @staticmethod
+    def empty(
+        is_weighted: bool = False,
+        device: torch.device | str | None = None,
+        values_dtype: torch.dtype | None = None,
+        weights_dtype: torch.dtype | None = None,
+        lengths_dtype: torch.dtype = torch.int32,
+    ) -> "JaggedTensor":
+        """A JaggedTensor of zero slices (``lengths == []``, ``offsets == [0]``)."""
+        w = torch.empty(0, dtype=weights_dtype, device=device) if is_weighted else None
+        return JaggedTensor(
+            values=torch.empty(0, dtype=values_dtype, device=device),
+            weights=w,
+            lengths=torch.empty(0, dtype=lengths_dtype, device=device),
+            offsets=torch.zeros(1, dtype=lengths_dtype, device=device),
+        )
+
+    @staticmethod
+    def from_dense(values: Sequence[Tensor], weights: Sequence[Tensor] | None = None) -> "JaggedTensor":
+        """Pack a list of slices ``(L_i, *static)`` (lengths are int32, as in TorchRec).
+
+        >>> jt = JaggedTensor.from_dense([torch.tensor([1.]), torch.tensor([]), torch.tensor([7., 8.])])
+        >>> jt.values().tolist(), jt.lengths().tolist()
+        ([1.0, 7.0, 8.0], [1, 0, 2])
+        """
+        what = "JaggedTensor.from_dense"
+        vals = [torch.as_tensor(v) for v in values]
+        if weights is not None and len(weights) != len(vals):
+            raise ValueError(f"{what}: got {len(vals)} value slices but {len(weights)} weight slices")
+        device = vals[0].device if vals else None
+        lengths = torch.tensor([v.shape[0] if v.dim() else 1 for v in vals], dtype=torch.int32)
+        vt = torch.cat([v.reshape(-1) if v.dim() <= 1 else v for v in vals]) if vals else torch.empty(0)
+        wt = None
+        if weights is not None:
+            ws = [torch.as_tensor(w) for w in weights]
+            for i, (v, w) in enumerate(zip(vals, ws)):
+                if w.shape != v.shape:
+                    raise ValueError(
+                        f"{what}: weights[{i}] has shape {tuple(w.shape)} but values[{i}] has {tuple(v.shape)}"
+                    )
+            wt = torch.cat([w.reshape(-1) if w.dim() <= 1 else w for w in ws]) if ws else torch.empty(0)
+        if device is not None and device.type != "cpu":
+            jt = JaggedTensor(values=vt, weights=wt, lengths=lengths)
+            return jt.to(device)
+        return JaggedTensor(values=vt, weights=wt, lengths=lengths)
+
+    @staticmethod
+    def from_dense_lengths(values: Tensor, lengths: Tensor, weights: Tensor | None = None) -> "JaggedTensor":
+        """Keep the first ``lengths[i]`` entries of row i of a dense ``(B, N, *static)`` tensor."""
+        what = "JaggedTensor.from_dense_lengths"
+        if values.dim() < 2:
+            raise ValueError(f"{what}: values must be (B, N, *static), got shape {tuple(values.shape)}")
+        C.check_int(what, "lengths", lengths)
+        if lengths.numel() != values.shape[0]:
+            raise ValueError(f"{what}: lengths has {lengths.numel()} entries but values has {values.shape[0]} rows")
+        if C.is_host(lengths) and lengths.numel() and bool(((lengths < 0) | (lengths > values.shape[1])).any()):
+            raise ValueError(
+                f"{what}: lengths must lie in [0, {values.shape[1]}] (the dense width), got {lengths.tolist()}"
+            )
+        C.check_weights(what, weights, values)
+        mask = torch.arange(values.shape[1], device=values.device)[None, :] < lengths.to(values.device)[:, None]
+        return JaggedTensor(values=values[mask], weights=None if weights is None else weights[mask], lengths=lengths)
+
+    # ------------------------------------------------------------------ padless interop
+
+    def to_nested(self, *, weights: bool = False) -> "NestedTensor":
+        """A ``padless.NestedTensor`` of samples ``(L_i, *static)`` viewing ``values``
+        (or ``weights`` with ``weights=True``); no copy, autograd kept."""
+        from padless.tensor.construct import from_values
+
+        src = self.weights() if weights else self._values
+        ho = self.host_offsets()
+        lens = C.lengths_from_offsets(ho)
+        ms = int(lens.max()) if lens.numel() else 0
+        on_host = src.device.type == "cpu"
+        offs = ho if on_host else self.offsets().to(torch.int64)
+        return from_values(src, offs, max_seqlen=ms, validate=on_host)
+
+    @staticmethod
+    def from_nested(nt: "NestedTensor", weights: "NestedTensor | Tensor | None" = None) -> "JaggedTensor":
+        """View a NestedTensor with one leading ragged dim (samples ``(L_i, *static)``)."""
+        what = "JaggedTensor.from_nested"
+        if nt.ragged_dims != (0,):
+            raise ValueError(
+                f"{what}: needs samples whose only ragged dim is the first (L_i, *static), "
+                f"got ragged_dims={nt.ragged_dims}"
+            )
+        w = weights.values() if weights is not None and hasattr(weights, "ragged_dims") else weights
+        C.check_weights(what, w, nt.values())  # type: ignore[arg-type]
+        ho = nt.host_offsets()
+        return JaggedTensor._make(nt.values(), w, None, nt.offsets(), ho)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ moves
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "JaggedTensor":
+        """Move every tensor; the host offsets travel with it (no later sync)."""
+        return JaggedTensor._make(
+            self._values.to(device, non_blocking=non_blocking),
+            C.move(self._weights, device, non_blocking),
+            C.move(self._lengths, device, non_blocking),
+            C.move(self._offsets, device, non_blocking),
+            self._host_offsets,
+        )
+
+    def pin_memory(self) -> "JaggedTensor":
+        return JaggedTensor._make(
+            C.pin(self._values),  # type: ignore[arg-type]
+            C.pin(self._weights),
+            C.pin(self._lengths),
+            C.pin(self._offsets),
+            self._host_offsets,
+        )
+
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        for t in (self._values, self._weights, self._lengths, self._offsets):
+            C.record(t, stream)
+
+    # ------------------------------------------------------------------ torchrec
+
+    def to_torchrec(self) -> Any:
+        from padless.jagged.interop import jt_to_torchrec
+
+        return jt_to_torchrec(self)
+
+    @staticmethod
+    def from_torchrec(jt: Any) -> "JaggedTensor":
+        from padless.jagged.interop import jt_from_torchrec
+
+        return jt_from_torchrec(jt)
+
+    def __repr__(self) -> str:
+        w = "" if self._weights is None else ", weighted"
+        return (
+            f"JaggedTensor(B={self.batch_size()}, values={tuple(self._values.shape)}, "
+            f"dtype={self._values.dtype}, device={self.device()}{w})"
+        )

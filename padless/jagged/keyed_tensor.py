@@ -1,0 +1,177 @@
+"""KeyedTensor: dense per-key blocks (pooled embeddings) concatenated along one dim."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.jagged import _checks as C
+
+
+class KeyedTensor:
+    """Dense blocks, one per key, concatenated along ``key_dim``.
+
+    Three keys over a batch of 3, ``key_dim=1``::
+
+                          sample 0    sample 1    sample 2
+        "Embedding A"     [1,1]       [1,1]       [1,1]
+        "Embedding B"     [2,1,2]     [2,1,2]     [2,1,2]
+        "Embedding C"     [3,1,2,3]   [3,1,2,3]   [3,1,2,3]
+
+        values         = [[1, 1, 2, 1, 2, 3, 1, 2, 3]] * 3     (3, 9)
+        length_per_key = [2, 3, 4]                            widths along key_dim
+        offset_per_key = [0, 2, 5, 9]
+
+    ``kt["Embedding B"]`` is ``values[:, 2:5]``, a view.
+    """
+
+    __slots__ = ("_keys", "_length_per_key", "_values", "_key_dim", "_offset_per_key", "_index_per_key")
+
+    def __init__(
+        self,
+        keys: Sequence[str],
+        length_per_key: Sequence[int],
+        values: Tensor,
+        key_dim: int = 1,
+        offset_per_key: Sequence[int] | None = None,
+        index_per_key: Mapping[str, int] | None = None,
+    ) -> None:
+        what = "KeyedTensor"
+        keys = list(keys)
+        lpk = [int(x) for x in length_per_key]
+        if not isinstance(values, Tensor):
+            raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
+        if len(lpk) != len(keys):
+            raise ValueError(f"{what}: keys and length_per_key disagree: {len(keys)} keys, length_per_key {lpk}")
+        if not -values.dim() <= key_dim < values.dim():
+            raise ValueError(f"{what}: key_dim {key_dim} is out of range for values of shape {tuple(values.shape)}")
+        key_dim %= values.dim()
+        if sum(lpk) != values.shape[key_dim]:
+            raise ValueError(
+                f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {values.shape[key_dim]} "
+                f"entries along key_dim {key_dim}"
+            )
+        self._keys = keys
+        self._length_per_key = lpk
+        self._values = values
+        self._key_dim = key_dim
+        self._offset_per_key = list(offset_per_key) if offset_per_key is not None else C.cumsum_list(lpk)
+        self._index_per_key = dict(index_per_key) if index_per_key is not None else None
+
+    @staticmethod
+    def from_tensor_list(
+        keys: Sequence[str], tensors: Sequence[Tensor], key_dim: int = 1, cat_dim: int = 1
+    ) -> "KeyedTensor":
+        """Concatenate one tensor per key along ``cat_dim``; each key's width is its size along ``key_dim``.
+
+        >>> kt = KeyedTensor.from_tensor_list(["a", "b"], [torch.ones(2, 1), torch.zeros(2, 3)])
+        >>> kt.values().shape, kt.length_per_key()
+        (torch.Size([2, 4]), [1, 3])
+        """
+        if len(keys) != len(tensors):
+            raise ValueError(f"KeyedTensor.from_tensor_list: {len(keys)} keys but {len(tensors)} tensors")
+        return KeyedTensor(
+            keys=keys,
+            length_per_key=[t.shape[key_dim] for t in tensors],
+            values=torch.cat(list(tensors), dim=cat_dim),
+            key_dim=key_dim,
+        )
+
+    def keys(self) -> list[str]:
+        return self._keys
+
+    def values(self) -> Tensor:
+        return self._values
+
+    def key_dim(self) -> int:
+        return self._key_dim
+
+    def device(self) -> torch.device:
+        return self._values.device
+
+    def length_per_key(self) -> list[int]:
+        return self._length_per_key
+
+    def offset_per_key(self) -> list[int]:
+        return self._offset_per_key
+
+    def index_per_key(self) -> dict[str, int]:
+        if self._index_per_key is None:
+            self._index_per_key = {k: i for i, k in enumerate(self._keys)}
+        return self._index_per_key
+
+    def __getitem__(self, key: str) -> Tensor:
+        """One key's block, a view of ``values`` along ``key_dim``."""
+        i = self.index_per_key().get(key)
+        if i is None:
+            raise KeyError(f"KeyedTensor: no key {key!r}; keys are {self._keys}")
+        return self._values.narrow(self._key_dim, self._offset_per_key[i], self._length_per_key[i])
+
+    def to_dict(self) -> dict[str, Tensor]:
+        return {k: self[k] for k in self._keys}
+
+    @staticmethod
+    def regroup(keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]]) -> list[Tensor]:
+        """One tensor per group: the named keys' blocks, from any of ``keyed_tensors``,
+        concatenated along their key dim (which must agree)."""
+        what = "KeyedTensor.regroup"
+        if not keyed_tensors:
+            raise ValueError(f"{what}: needs at least one KeyedTensor")
+        dims = {kt.key_dim() for kt in keyed_tensors}
+        if len(dims) != 1:
+            raise ValueError(f"{what}: KeyedTensors have different key dims {sorted(dims)}")
+        dim = dims.pop()
+        where: dict[str, KeyedTensor] = {}
+        for kt in keyed_tensors:
+            for k in kt.keys():
+                where.setdefault(k, kt)
+        out = []
+        for g in groups:
+            missing = [k for k in g if k not in where]
+            if missing:
+                raise KeyError(f"{what}: keys {missing} are in no KeyedTensor; available: {list(where)}")
+            out.append(torch.cat([where[k][k] for k in g], dim=dim))
+        return out
+
+    @staticmethod
+    def regroup_as_dict(
+        keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]], keys: Sequence[str]
+    ) -> dict[str, Tensor]:
+        """``regroup`` with one name per group."""
+        if len(groups) != len(keys):
+            raise ValueError(f"KeyedTensor.regroup_as_dict: {len(groups)} groups but {len(keys)} keys")
+        return dict(zip(keys, KeyedTensor.regroup(keyed_tensors, groups)))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "KeyedTensor":
+        return KeyedTensor(
+            self._keys, self._length_per_key, self._values.to(device, non_blocking=non_blocking), self._key_dim,
+            self._offset_per_key, self._index_per_key,
+        )
+
+    def pin_memory(self) -> "KeyedTensor":
+        return KeyedTensor(
+            self._keys, self._length_per_key, self._values.pin_memory(), self._key_dim,
+            self._offset_per_key, self._index_per_key,
+        )
+
+    def record_stream(self, stream: torch.cuda.Stream) -> None:
+        C.record(self._values, stream)
+
+    def to_torchrec(self) -> Any:
+        from padless.jagged.interop import kt_to_torchrec
+
+        return kt_to_torchrec(self)
+
+    @staticmethod
+    def from_torchrec(kt: Any) -> "KeyedTensor":
+        from padless.jagged.interop import kt_from_torchrec
+
+        return kt_from_torchrec(kt)
+
+    def __repr__(self) -> str:
+        return (
+            f"KeyedTensor(keys={self._keys}, length_per_key={self._length_per_key}, key_dim={self._key_dim}, "
+            f"values={tuple(self._values.shape)}, dtype={self._values.dtype}, device={self.device()})"
+        )

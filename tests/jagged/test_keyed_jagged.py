@@ -1,0 +1,187 @@
+import pytest
+import torch
+
+from padless.jagged import JaggedTensor, KeyedJaggedTensor
+
+
+def _kjt(weighted: bool = True) -> KeyedJaggedTensor:
+    # "a": [1,2] [] [3]   "b": [4] [5] [6,7,8]   "c": [] [9] []
+    v = torch.arange(1, 10)
+    return KeyedJaggedTensor(
+        ["a", "b", "c"], v, v.float() / 10 if weighted else None, lengths=torch.tensor([2, 0, 1, 1, 1, 3, 0, 1, 0])
+    )
+
+
+def _dense(kjt: KeyedJaggedTensor) -> dict[str, list[list[int]]]:
+    return {k: [t.tolist() for t in jt.to_dense()] for k, jt in kjt.to_dict().items()}
+
+
+A = [[1, 2], [], [3]]
+B = [[4], [5], [6, 7, 8]]
+Cc = [[], [9], []]
+
+
+def test_host_metadata_is_precomputed():
+    kjt = _kjt()
+    assert kjt.length_per_key_or_none() == [3, 5, 1]  # built from host lengths: known at once
+    assert kjt.offset_per_key_or_none() == [0, 3, 8, 9]
+    assert kjt.lengths_offset_per_key() == [0, 3, 6, 9]
+    assert kjt.offsets_or_none() is None and kjt.offsets().tolist() == [0, 2, 2, 3, 4, 5, 8, 8, 9, 9]
+    assert kjt.unsync().length_per_key_or_none() is None
+    assert kjt.sync().length_per_key_or_none() == [3, 5, 1]
+
+
+def test_getitem_and_to_dict_are_views():
+    kjt = _kjt()
+    b = kjt["b"]
+    assert isinstance(b, JaggedTensor)
+    assert [t.tolist() for t in b.to_dense()] == B
+    assert b.values().data_ptr() == kjt.values()[3:].data_ptr()
+    torch.testing.assert_close(b.weights(), torch.tensor([0.4, 0.5, 0.6, 0.7, 0.8]))
+    assert _dense(kjt) == {"a": A, "b": B, "c": Cc}
+    assert kjt.to_dict() is kjt.to_dict()
+    with pytest.raises(KeyError, match=r"no key 'z'; keys are \['a', 'b', 'c'\]"):
+        kjt["z"]
+
+
+def test_permute():
+    kjt = _kjt()
+    p = kjt.permute([2, 0, 1])
+    assert p.keys() == ["c", "a", "b"]
+    assert _dense(p) == {"c": Cc, "a": A, "b": B}
+    assert p.lengths().tolist() == [0, 1, 0, 2, 0, 1, 1, 1, 3]
+    assert p.length_per_key() == [1, 3, 5]
+    torch.testing.assert_close(p["a"].weights(), torch.tensor([0.1, 0.2, 0.3]))
+    dup = kjt.permute([1, 1])  # repeating a key is allowed, as in TorchRec
+    assert dup.keys() == ["b", "b"] and dup.values().tolist() == [4, 5, 6, 7, 8] * 2
+    with pytest.raises(IndexError, match=r"index 3 is out of range for 3 keys"):
+        kjt.permute([3])
+
+
+def test_split():
+    parts = _kjt().split([1, 0, 2])
+    assert [p.keys() for p in parts] == [["a"], [], ["b", "c"]]
+    assert _dense(parts[0]) == {"a": A}
+    assert _dense(parts[2]) == {"b": B, "c": Cc}
+    assert parts[2].offset_per_key() == [0, 5, 6]
+    assert parts[1].values().numel() == 0 and parts[1].stride() == 3
+    with pytest.raises(ValueError, match=r"segments \[1, 1\] must be >= 0 and sum to the 3 keys"):
+        _kjt().split([1, 1])
+
+
+def test_concat_and_from_jt_dict_round_trip():
+    kjt = _kjt()
+    a, bc = kjt.split([1, 2])
+    cat = KeyedJaggedTensor.concat([a, bc])
+    assert cat.keys() == ["a", "b", "c"] and _dense(cat) == _dense(kjt)
+    assert cat.length_per_key_or_none() == [3, 5, 1]
+    rt = KeyedJaggedTensor.from_jt_dict(kjt.to_dict())
+    assert _dense(rt) == _dense(kjt)
+    torch.testing.assert_close(rt.weights(), kjt.weights())
+    with pytest.raises(ValueError, match="cannot mix weighted and unweighted"):
+        KeyedJaggedTensor.concat([_kjt(True), _kjt(False)])
+    e = KeyedJaggedTensor.concat([KeyedJaggedTensor.empty(), _kjt(False)])
+    assert not e.variable_stride_per_key() and e.stride() == 3 and _dense(e) == _dense(_kjt())
+    with pytest.raises(ValueError, match="needs at least one"):
+        KeyedJaggedTensor.concat([])
+
+
+def test_variable_stride_per_key():
+    kjt = KeyedJaggedTensor(
+        ["x", "y"], torch.arange(6), lengths=torch.tensor([1, 2, 0, 2, 1]), stride_per_key_per_rank=[[2], [1, 2]]
+    )
+    assert kjt.variable_stride_per_key()
+    assert kjt.stride_per_key() == [2, 3] and kjt.stride() == 3
+    assert kjt.stride_per_key_per_rank() == [[2], [1, 2]]
+    assert kjt.length_per_key() == [3, 3]
+    assert _dense(kjt) == {"x": [[0], [1, 2]], "y": [[], [3, 4], [5]]}
+    p = kjt.permute([1, 0])
+    assert p.stride_per_key_per_rank() == [[1, 2], [2]] and _dense(p) == {"y": [[], [3, 4], [5]], "x": [[0], [1, 2]]}
+    s = kjt.split([1, 1])
+    assert s[1].stride_per_key() == [3] and _dense(s[1]) == {"y": [[], [3, 4], [5]]}
+    c = KeyedJaggedTensor.concat([kjt, _kjt(False)])  # mixed strides: the result has a variable stride
+    assert c.stride_per_key() == [2, 3, 3, 3, 3] and c.keys() == ["x", "y", "a", "b", "c"]
+    assert _dense(c)["b"] == B
+    e = KeyedJaggedTensor.empty_like(kjt)
+    assert e.stride_per_key() == [2, 3] and e.lengths().tolist() == [0] * 5 and e.length_per_key() == [0, 0]
+
+
+def test_empty_and_empty_like():
+    e = KeyedJaggedTensor.empty(is_weighted=True)
+    assert e.keys() == [] and e.stride() == 0 and e.values().numel() == 0 and e.weights().numel() == 0
+    assert e.length_per_key() == [] and e.offset_per_key() == [0] and e.to_dict() == {}
+    el = KeyedJaggedTensor.empty_like(_kjt())
+    assert el.keys() == ["a", "b", "c"] and el.stride() == 3
+    assert _dense(el) == {"a": [[], [], []], "b": [[], [], []], "c": [[], [], []]}
+    assert el.weights().numel() == 0
+
+
+def test_from_sync_constructors():
+    k = KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.arange(3), torch.tensor([1, 0, 2, 0]))
+    assert k.length_per_key_or_none() == [1, 2]
+    k2 = KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(3), torch.tensor([0, 1, 1, 3, 3]))
+    assert k2.offset_per_key_or_none() == [0, 1, 3]
+
+
+def test_moves_carry_host_metadata_no_sync():
+    kjt = _kjt().to("meta", dtype=torch.float16)  # meta tensors cannot be read back: proves no host read
+    assert kjt.device() == torch.device("meta") and kjt.weights().dtype == torch.float16
+    assert kjt.length_per_key() == [3, 5, 1] and kjt.offset_per_key() == [0, 3, 8, 9]
+    assert kjt["b"].values().shape == (5,)
+    assert [t.shape[0] for t in kjt["b"].to_dense()] == [1, 1, 3]
+    assert kjt.permute([2, 1]).length_per_key() == [1, 5]
+    assert [p.length_per_key() for p in kjt.split([2, 1])] == [[3, 5], [1]]
+    assert KeyedJaggedTensor.concat(kjt.split([2, 1])).offset_per_key() == [0, 3, 8, 9]
+
+
+def test_device_built_without_host_metadata_syncs_only_on_request():
+    # built from a device's tensors (meta here): nothing is known on the host until sync()
+    kjt = KeyedJaggedTensor(["a", "b"], torch.empty(3, device="meta"), lengths=torch.empty(4, dtype=torch.int64, device="meta"))
+    assert kjt.length_per_key_or_none() is None and kjt.stride() == 2
+    with pytest.raises(NotImplementedError):  # the one place a device read happens: sync()
+        kjt.length_per_key()
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1])), r"keys and lengths disagree: 3 lengths cannot be split evenly over 2 keys"),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1]), stride=2), r"keys and lengths disagree: 1 keys x stride 2 = 2 lengths expected, got 3"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 1])), "lengths sum to 2 but values has 3 rows"),
+        (dict(keys=["a", "b"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), r"offsets must not decrease, but offsets\[1\] = 2 > offsets\[2\] = 1"),
+        (dict(keys=["a"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([3])), r"weights must have the shape of values, got weights \(2,\) and values \(3,\)"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[3]), r"keys and length_per_key disagree: 2 keys, 1 lengths \[3\]"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 1]), r"length_per_key \[2, 1\] disagrees with lengths \(which give \[1, 2\]\)"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1]]), "stride_per_key_per_rank has 1 entries but there are 2 keys"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [2]]), r"keys and lengths disagree: stride_per_key_per_rank \[\[1\], \[2\]\] needs 3 lengths, got 2"),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), stride=1, stride_per_key_per_rank=[[1]]), "not both"),
+        (dict(keys=[], values=torch.arange(3), lengths=torch.tensor([3])), "keys and lengths disagree: no keys but 1 lengths"),
+        (dict(keys=[1], values=torch.arange(3), lengths=torch.tensor([3])), "keys must be strings"),
+        (dict(keys=["a"], values=torch.arange(3)), "pass lengths= or offsets="),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), offset_per_key=[0, 2]), r"offset_per_key must have len\(keys\) \+ 1 = 2 entries from 0 to 3"),
+    ],
+)
+def test_validation_errors(kwargs, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        KeyedJaggedTensor(**kwargs)
+
+
+def test_from_jt_dict_weight_mismatch():
+    with pytest.raises(ValueError, match="some JaggedTensors have weights and some do not"):
+        KeyedJaggedTensor.from_jt_dict(
+            {
+                "a": JaggedTensor(torch.arange(2), torch.ones(2), lengths=torch.tensor([2])),
+                "b": JaggedTensor(torch.arange(2), lengths=torch.tensor([2])),
+            }
+        )
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (pinning, streams, device moves)")
+def test_cuda_pin_move_record_stream():
+    kjt = _kjt().pin_memory()
+    assert kjt.values().is_pinned() and kjt.lengths().is_pinned() and kjt.weights().is_pinned()
+    g = kjt.to(torch.device("cuda"), non_blocking=True)
+    g.record_stream(torch.cuda.current_stream())
+    assert g.length_per_key() == [3, 5, 1]
+    assert _dense(g) == _dense(_kjt())
+    assert _dense(g.permute([2, 0, 1])) == _dense(_kjt().permute([2, 0, 1]))
