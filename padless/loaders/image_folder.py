@@ -1,0 +1,122 @@
+"""A folder of images at native size, labelled by subfolder (``root/<class>/<file>``).
+
+>>> import tempfile
+>>> from padless.loaders.synthetic import write_image_folder
+>>> root = tempfile.mkdtemp()
+>>> _ = write_image_folder(root, ("cat", "dog"), per_class=2)
+>>> ds = ImageFolder(root)
+>>> ds.classes, len(ds), ds[0]["image"].shape[0], ds[0]["label"], ds[3]["label"]
+(['cat', 'dog'], 4, 3, 0, 1)
+>>> ds.sizes().shape   # (H, W) per image, for samplers such as BudgetBatchSampler(ds.sizes(), PixelBudget(...))
+(4, 2)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from padless.loaders.errors import ErrorHandler, SkipAndWarn
+from padless.loaders.images import IMAGE_EXTENSIONS, check_size_rules, decode_image, image_header_size, target_size
+
+
+class ImageFolder(torch.utils.data.Dataset):
+    """Map-style dataset: ``{"image": (C, H, W) uint8, "label": int, "path": str}`` per file.
+
+    Files directly under ``root`` (no subfolder) get no ``"label"`` when
+    ``labels=False``; with ``labels=True`` (default) each subfolder of ``root`` is
+    a class (sorted by name) and files are found recursively inside it.
+
+    Image headers are read once when the dataset is built (cheap: no pixels are
+    decoded) to know every size (``sizes()``, after ``max_side``/``multiple_of``);
+    a file whose header cannot be read goes to ``handler`` (default: skip it,
+    count, warn once) and is left out of the dataset. A file that fails later,
+    while decoding pixels, raises an error naming the file: a map-style dataset
+    cannot skip an index the sampler already chose.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        labels: bool = True,
+        extensions: tuple[str, ...] = IMAGE_EXTENSIONS,
+        image_mode: str | None = "RGB",
+        max_side: int | None = None,
+        multiple_of: int | None = None,
+        handler: ErrorHandler | Callable[..., None] | None = None,
+    ) -> None:
+        check_size_rules(max_side, multiple_of, "ImageFolder")
+        root = os.fspath(root)
+        if not os.path.isdir(root):
+            raise FileNotFoundError(f"ImageFolder: {root!r} is not a directory")
+        self.root = root
+        self.image_mode = image_mode
+        self.max_side = max_side
+        self.multiple_of = multiple_of
+        self.handler = handler if handler is not None else SkipAndWarn()
+        exts = tuple("." + e.lower().lstrip(".") for e in extensions)
+        found: list[tuple[str, int]] = []
+        if labels:
+            self.classes = sorted(d.name for d in os.scandir(root) if d.is_dir())
+            if not self.classes:
+                raise FileNotFoundError(f"ImageFolder: {root!r} has no subfolders (one per class); pass labels=False")
+            for c, name in enumerate(self.classes):
+                for p in _walk(os.path.join(root, name), exts):
+                    found.append((p, c))
+        else:
+            self.classes = []
+            found = [(p, -1) for p in _walk(root, exts)]
+        if not found:
+            raise FileNotFoundError(f"ImageFolder: no files with extensions {extensions} under {root!r}")
+        self.labels = labels
+        paths, targets, sizes = [], [], []
+        for p, c in found:
+            try:
+                h, w = image_header_size(p)
+            except Exception as e:  # noqa: BLE001 (the handler decides)
+                self.handler(e, shard=root, key=os.path.relpath(p, root))
+                continue
+            paths.append(p)
+            targets.append(c)
+            sizes.append(target_size(h, w, max_side=max_side, multiple_of=multiple_of))
+        self.paths = paths
+        self.targets = targets
+        self._sizes = np.asarray(sizes, dtype=np.int64).reshape(len(sizes), 2)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def sizes(self) -> np.ndarray:
+        """``(H, W)`` of every image as it will be returned, int64 ``(N, 2)``."""
+        return self._sizes
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        n = len(self)
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not -n <= index < n:
+            raise IndexError(f"ImageFolder: index {index!r} is out of range for {n} images")
+        p = self.paths[index]
+        try:
+            img = decode_image(p, mode=self.image_mode, max_side=self.max_side, multiple_of=self.multiple_of)
+        except Exception as e:  # noqa: BLE001
+            raise RuntimeError(f"ImageFolder: cannot decode {p!r} (index {index}): {type(e).__name__}: {e}") from e
+        out: dict[str, Any] = {"image": img, "path": p}
+        if self.labels:
+            out["label"] = self.targets[index]
+        return out
+
+    def __repr__(self) -> str:
+        return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes)"
+
+
+def _walk(top: str, exts: tuple[str, ...]) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(top):
+        dirnames.sort()
+        for f in sorted(filenames):
+            if f.lower().endswith(exts):
+                out.append(os.path.join(dirpath, f))
+    return out

@@ -1,0 +1,313 @@
+"""Stream webdataset tar shards: images at their native resolution, split by node and worker.
+
+A shard is a tar file whose members are grouped into samples by key: the path up
+to the first dot of the file name (``0001.jpg`` and ``0001.cls`` form sample
+``"0001"`` with fields ``"jpg"`` and ``"cls"``), consecutive in the tar.
+
+>>> import tempfile, torch
+>>> from padless.loaders.synthetic import write_shards
+>>> shards = write_shards(tempfile.mkdtemp(), num_shards=2, per_shard=2)
+>>> reader = WebDatasetReader(shards, fields={"image": "jpg;png", "label": "cls"}, shuffle_shards=False)
+>>> s = next(iter(reader))
+>>> sorted(s), s["image"].dtype, s["image"].shape[0], s["label"]
+(['__key__', '__shard__', 'image', 'label'], torch.uint8, 3, 0)
+
+Decoded fields: images (jpg, jpeg, png, webp, ...) become ``(C, H, W)`` uint8
+tensors at native size (``max_side`` caps the longest side, ``multiple_of``
+rounds H and W to a patch multiple); ``cls``/``index``/``id`` become ints;
+``txt``/``text`` strings; ``json`` objects; ``npy`` tensors (``allow_pickle=False``);
+``pth`` tensors (``torch.load(weights_only=True)``). Pickled payloads
+(``pyd``, ``pickle``, ``pkl``) stay raw bytes unless ``allow_pickle=True``: unpickling
+runs code from the file. Anything else stays bytes.
+
+**Equal batch counts per rank.** Shards are split among ``world_size * num_workers``
+consumers, so ranks may see different numbers of samples. For DDP, set
+``epoch_samples`` (samples per rank per epoch, split among workers): each
+consumer then yields exactly its share, re-reading its shards (a new shuffled
+pass) when they run out. ``resampled=True`` instead draws shards at random with
+replacement, forever; combine it with ``epoch_samples`` (or
+:class:`padless.loaders.BucketedStream` with ``epoch_batches``) to end epochs.
+With a fixed DataLoader ``batch_size`` and the same ``num_workers`` on every
+rank, equal samples give equal batches.
+"""
+
+from __future__ import annotations
+
+import io
+import itertools
+import json
+import os
+import pickle
+import random
+import re
+import tarfile
+import warnings
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from padless.loaders._deps import require
+from padless.loaders.distributed import current_consumer, split_for
+from padless.loaders.errors import ErrorHandler, SkipAndWarn
+from padless.loaders.images import IMAGE_EXTENSIONS, check_size_rules, decode_image
+from padless.loaders.streaming import share, shuffle_buffer
+
+_KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
+
+
+def expand_urls(urls: str | Sequence[str]) -> list[str]:
+    """Shard list from a path, a list, or a brace pattern (``data/shard-{000000..000009}.tar``).
+
+    >>> expand_urls("s-{0..2}.tar")
+    ['s-0.tar', 's-1.tar', 's-2.tar']
+    """
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [os.fspath(urls)]
+    out: list[str] = []
+    for u in urls:
+        u = os.fspath(u)
+        if "{" in u:
+            braceexpand = require("braceexpand", "padless.loaders.webdataset brace patterns")
+            out.extend(braceexpand.braceexpand(u))
+        else:
+            out.append(u)
+    if not out:
+        raise ValueError("WebDatasetReader: no shards given; pass a path, a list of paths or a brace pattern")
+    return out
+
+
+def open_shard(url: str) -> Any:
+    """A binary stream for a local path, or for a URL through ``webdataset.gopen`` (http, pipe:, ...)."""
+    if "://" in url or url.startswith("pipe:"):
+        if url.startswith("file://"):
+            return open(url[len("file://") :], "rb")
+        wds = require("webdataset", "padless.loaders.webdataset (remote shards)")
+        return wds.gopen(url, "rb")
+    return open(url, "rb")
+
+
+def split_key(name: str) -> tuple[str, str] | None:
+    """``("dir/0001", "jpg")`` for ``dir/0001.jpg``; ``None`` for names without a field.
+
+    >>> split_key("a/b/0001.seg.png")
+    ('a/b/0001', 'seg.png')
+    """
+    m = _KEY_RE.match(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+class WebDatasetReader(torch.utils.data.IterableDataset):
+    """Stream samples (dicts) from tar shards; see the module docstring for fields and epochs.
+
+    Args:
+        urls: shard paths, a brace pattern, or URLs (remote ones need ``webdataset``).
+        fields: optional ``{name: "ext1;ext2"}``: output only these fields, each
+            from the first extension present (a sample lacking one goes to the handler).
+        image_mode: PIL mode images are converted to (``"RGB"``; ``None`` keeps the file's).
+        max_side, multiple_of: optional size rules (see :func:`padless.loaders.images.target_size`).
+        shuffle_shards: shuffle the shard order each epoch (same order on every consumer).
+        shuffle_buffer: samples held for an approximate shuffle (0: none).
+        seed: base seed; the epoch (``set_epoch``), the pass and the consumer are mixed in.
+        split_by_node, split_by_worker: give each rank / worker a disjoint share of shards.
+        handler: ``handler(exc, shard=, key=)`` for unreadable samples and shards;
+            default :class:`~padless.loaders.SkipAndWarn` (skip, count, warn once per
+            shard); :func:`~padless.loaders.raise_error` stops with the shard and key.
+        allow_pickle: unpickle ``pyd``/``pickle``/``pkl`` fields (runs code from the file).
+        epoch_samples: samples per rank per epoch (see "Equal batch counts per rank").
+        resampled: draw shards with replacement, forever.
+        rank, world_size: override ``torch.distributed``.
+    """
+
+    def __init__(
+        self,
+        urls: str | Sequence[str],
+        *,
+        fields: dict[str, str] | None = None,
+        image_mode: str | None = "RGB",
+        max_side: int | None = None,
+        multiple_of: int | None = None,
+        shuffle_shards: bool = True,
+        shuffle_buffer: int = 0,
+        seed: int = 0,
+        split_by_node: bool = True,
+        split_by_worker: bool = True,
+        handler: ErrorHandler | Callable[..., None] | None = None,
+        allow_pickle: bool = False,
+        epoch_samples: int | None = None,
+        resampled: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> None:
+        check_size_rules(max_side, multiple_of, "WebDatasetReader")
+        if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int) or epoch_samples < 1):
+            raise ValueError(f"WebDatasetReader: epoch_samples must be an int >= 1 or None, got {epoch_samples!r}")
+        if handler is not None and not callable(handler):
+            raise TypeError(f"WebDatasetReader: handler must be a function handler(exc, shard=, key=), got {type(handler).__name__}")
+        self.urls = expand_urls(urls)
+        self.fields = {k: v.split(";") for k, v in fields.items()} if fields else None
+        self.image_mode = image_mode
+        self.max_side = max_side
+        self.multiple_of = multiple_of
+        self.shuffle_shards = shuffle_shards
+        self.shuffle_buffer = shuffle_buffer
+        self.seed = seed
+        self.split_by_node = split_by_node
+        self.split_by_worker = split_by_worker
+        self.handler = handler if handler is not None else SkipAndWarn()
+        self.allow_pickle = allow_pickle
+        self.epoch_samples = epoch_samples
+        self.resampled = resampled
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Reshuffle shards and buffers for ``epoch``.
+
+        Call it before each epoch's ``iter(loader)``: workers get a copy of the reader
+        when the iterator starts, so with ``persistent_workers=True`` the new epoch
+        does not reach them.
+        """
+        self.epoch = epoch
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        consumer = current_consumer(self.rank, self.world_size)
+        rng = random.Random(f"{self.seed}/{self.epoch}/{consumer.index}/samples")
+        stream = self._passes(consumer)
+        if self.epoch_samples is not None:
+            stream = itertools.islice(stream, share(self.epoch_samples, consumer.worker, consumer.num_workers))
+        return shuffle_buffer(stream, self.shuffle_buffer, rng)
+
+    def _passes(self, consumer: Any) -> Iterator[dict[str, Any]]:
+        """Pass after pass over this consumer's shards (one pass unless a length or resampling asks for more)."""
+        repeat = self.resampled or self.epoch_samples is not None
+        p = 0
+        while True:
+            shards = self._shards_for(consumer, p)
+            if not shards:
+                if repeat:
+                    raise ValueError(
+                        f"WebDatasetReader: consumer {consumer.index} (rank {consumer.rank}, worker {consumer.worker}) "
+                        f"has no shard: {len(self.urls)} shard(s) for {consumer.count} consumers; "
+                        "write more shards, use fewer workers, or pass resampled=True"
+                    )
+                if len(self.urls) < consumer.count:
+                    warnings.warn(
+                        f"WebDatasetReader: {len(self.urls)} shard(s) for {consumer.count} consumers "
+                        f"(ranks x workers): consumer {consumer.index} reads nothing; "
+                        "ranks may get different batch counts (pass epoch_samples= or resampled=True)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+                return
+            got = False
+            for s in shards:
+                for sample in self.read_shard(s):
+                    got = True
+                    yield sample
+            if not repeat:
+                return
+            if not got:
+                raise ValueError(f"WebDatasetReader: shards {shards[:3]}... yielded no readable sample; cannot fill an epoch")
+            p += 1
+
+    def _shards_for(self, consumer: Any, p: int) -> list[str]:
+        if self.resampled:
+            rng = random.Random(f"{self.seed}/{self.epoch}/{p}/{consumer.index}/resample")
+            return [rng.choice(self.urls) for _ in range(max(1, len(self.urls)))]
+        urls = list(self.urls)
+        if self.shuffle_shards:
+            random.Random(f"{self.seed}/{self.epoch}/{p}/shards").shuffle(urls)
+        return split_for(urls, consumer, by_node=self.split_by_node, by_worker=self.split_by_worker)
+
+    def read_shard(self, url: str) -> Iterator[dict[str, Any]]:
+        """The decoded samples of one shard; failures go to the handler (a bad shard ends early)."""
+        try:
+            stream = open_shard(url)
+        except Exception as e:  # noqa: BLE001 (the handler decides)
+            self.handler(e, shard=url, key=None)
+            return
+        with stream:
+            try:
+                tf = tarfile.open(fileobj=stream, mode="r|*")
+            except Exception as e:  # noqa: BLE001
+                self.handler(e, shard=url, key=None)
+                return
+            cur: dict[str, bytes] = {}
+            cur_key: str | None = None
+            members = iter(tf)
+            while True:
+                # Only tar reading sits in a try: errors from decoding, from the handler or from
+                # the consumer of this generator must not be taken for a broken shard.
+                try:
+                    m = next(members, None)
+                except Exception as e:  # noqa: BLE001 (a corrupt header: the rest of the shard is lost)
+                    self.handler(e, shard=url, key=cur_key)
+                    return
+                if m is None:
+                    break
+                parts = split_key(m.name) if m.isfile() else None
+                if parts is None:
+                    continue
+                key, field = parts
+                if key != cur_key:
+                    if cur_key is not None:
+                        yield from self._decode_or_handle(cur, cur_key, url)
+                    cur, cur_key = {}, key
+                try:
+                    data = tf.extractfile(m).read()  # type: ignore[union-attr]
+                    if len(data) != m.size:
+                        raise tarfile.ReadError(f"member {m.name!r} is truncated ({len(data)} of {m.size} bytes)")
+                except Exception as e:  # noqa: BLE001 (a truncated member: the rest of the shard is lost)
+                    self.handler(e, shard=url, key=key)
+                    return
+                cur[field.lower()] = data
+            if cur_key is not None:
+                yield from self._decode_or_handle(cur, cur_key, url)
+
+    def _decode_or_handle(self, raw: dict[str, bytes], key: str, url: str) -> Iterator[dict[str, Any]]:
+        try:
+            sample = self.decode(raw)
+        except Exception as e:  # noqa: BLE001
+            self.handler(e, shard=url, key=key)
+            return
+        sample["__key__"] = key
+        sample["__shard__"] = url
+        yield sample
+
+    def decode(self, raw: dict[str, bytes]) -> dict[str, Any]:
+        """Decode one sample's fields (``{ext: bytes}``) as the module docstring says."""
+        if self.fields is None:
+            return {f: self.decode_field(f, b) for f, b in raw.items()}
+        out = {}
+        for name, exts in self.fields.items():
+            ext = next((e for e in exts if e in raw), None)
+            if ext is None:
+                raise KeyError(f"field {name!r} needs one of the extensions {exts}; the sample has {sorted(raw)}")
+            out[name] = self.decode_field(ext, raw[ext])
+        return out
+
+    def decode_field(self, field: str, data: bytes) -> Any:
+        ext = field.rsplit(".", 1)[-1]
+        if ext in IMAGE_EXTENSIONS:
+            return decode_image(data, mode=self.image_mode, max_side=self.max_side, multiple_of=self.multiple_of)
+        if ext in ("cls", "cls2", "index", "id"):
+            return int(data.decode().strip())
+        if ext in ("txt", "text"):
+            return data.decode()
+        if ext == "json":
+            return json.loads(data)
+        if ext == "npy":
+            return torch.from_numpy(np.load(io.BytesIO(data), allow_pickle=False))
+        if ext == "pth":
+            return torch.load(io.BytesIO(data), weights_only=True)
+        if ext in PICKLE_EXTENSIONS and self.allow_pickle:
+            return pickle.loads(data)
+        return data
+
+    def __repr__(self) -> str:
+        return f"WebDatasetReader({len(self.urls)} shard(s), epoch={self.epoch}, epoch_samples={self.epoch_samples})"

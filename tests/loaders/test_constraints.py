@@ -1,0 +1,103 @@
+"""Constraint objects and the argument checks of samplers and streams (each message once)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from padless.loaders import (
+    BatchSize,
+    BucketBatchSampler,
+    BucketedStream,
+    BudgetBatchSampler,
+    Constraint,
+    CostFn,
+    PairBudget,
+    PixelBudget,
+    RandomBatchSampler,
+    Shuffle,
+    StreamingBucketer,
+    TokenBudget,
+    as_sizes,
+)
+from padless.loaders.constraints import estimate_boundaries
+
+
+class FrameBudget(Constraint):
+    """A new cost is one class: 100 frames per second of audio."""
+
+    def costs(self, sizes: np.ndarray) -> np.ndarray:
+        return sizes[:, 0] * 100.0
+
+
+def test_costs() -> None:
+    sizes = as_sizes([(3, 4), (5, 6)])
+    assert TokenBudget(10).costs(sizes).tolist() == [12.0, 30.0]
+    assert PixelBudget(10).costs(sizes).tolist() == [12.0, 30.0]
+    assert PixelBudget(10, patch_size=4).costs(sizes).tolist() == [1.0, 4.0]
+    assert PairBudget(10).costs(as_sizes([3, 5])).tolist() == [9.0, 25.0]
+    assert BatchSize(2).costs(sizes).tolist() == [1.0, 1.0]
+    s = BudgetBatchSampler([1, 2, 3, 4], FrameBudget(500), shuffle=False)
+    assert all(sum((i + 1) * 100 for i in b) <= 500 for b in s)
+
+
+def test_as_sizes_accepts_tensors_and_arrays() -> None:
+    assert as_sizes(torch.tensor([3, 4])).tolist() == [[3], [4]]
+    assert as_sizes(np.array([[1, 2]], dtype=np.int32)).dtype == np.int64
+
+
+def test_constraint_errors_name_the_argument() -> None:
+    with pytest.raises(ValueError, match="every sample needs a size of the same rank"):
+        as_sizes([(1, 2), (3,)])
+    with pytest.raises(ValueError, match="sizes must be whole numbers"):
+        as_sizes([1.5, 2.0])
+    with pytest.raises(ValueError, match="expected one length or one shape tuple per sample"):
+        as_sizes(np.zeros((2, 2, 2)))
+    with pytest.raises(ValueError, match="PixelBudget: sizes must be \\(H, W\\) per sample, got 1 number"):
+        PixelBudget(10).costs(as_sizes([3]))
+    with pytest.raises(ValueError, match="PixelBudget: patch_size must be an int >= 1 or None, got 0"):
+        PixelBudget(10, patch_size=0)
+    with pytest.raises(TypeError, match="CostFn: fn must be callable, got int"):
+        CostFn(3, 10)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="TokenBudget: max_samples must be an int >= 1 or None, got 0"):
+        TokenBudget(10, max_samples=0)
+    with pytest.raises(ValueError, match="BatchSize: batch_size must be an int >= 1, got 0"):
+        BatchSize(0)
+    with pytest.raises(ValueError, match="num_buckets must be an int >= 1, got 0"):
+        estimate_boundaries(np.arange(4.0), 0)
+
+
+def test_sampler_and_stream_argument_errors() -> None:
+    with pytest.raises(ValueError, match="window must be an int >= 1, got 0"):
+        BudgetBatchSampler([1], TokenBudget(4), window=0)
+    with pytest.raises(ValueError, match="oversize must be one of \\('own_batch', 'error'\\), got 'drop'"):
+        BudgetBatchSampler([1], TokenBudget(4), oversize="drop")
+    with pytest.raises(ValueError, match="BucketBatchSampler: pass exactly one of batch_size= or constraint="):
+        BucketBatchSampler([1, 2])
+    with pytest.raises(ValueError, match="key\\(sizes\\) must return one number per sample"):
+        BucketBatchSampler([1, 2], 2, key=lambda s: s[:1, 0])
+    with pytest.raises(TypeError, match="seed must be an int"):
+        RandomBatchSampler(4, 2, seed="a")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batches_done must be an int in \\[0, 2\\], got 5"):
+        RandomBatchSampler(4, 2).state_dict(batches_done=5)
+    s = RandomBatchSampler(4, 2).state_dict()
+    s["batches_done"] = 9
+    with pytest.raises(ValueError, match="batches_done=9 is outside \\[0, 2\\] for epoch 0"):
+        RandomBatchSampler(4, 2).load_state_dict(s)
+    with pytest.raises(TypeError, match="StreamingBucketer: constraint must be a padless.loaders.Constraint"):
+        StreamingBucketer(len, 4)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="StreamingBucketer: buffer_size must be an int >= 1, got 0"):
+        StreamingBucketer(len, TokenBudget(4), buffer_size=0)
+    with pytest.raises(ValueError, match="StreamingBucketer: oversize must be 'own_batch' or 'error'"):
+        StreamingBucketer(len, TokenBudget(4), oversize="drop")
+    with pytest.raises(ValueError, match="BucketedStream: epoch_batches must be an int >= 1 or None, got 0"):
+        BucketedStream([], StreamingBucketer(len, TokenBudget(4)), epoch_batches=0)
+    with pytest.raises(ValueError, match="Shuffle: size must be an int >= 0, got -1"):
+        Shuffle(-1)
+
+
+def test_bucket_key_can_be_user_defined() -> None:
+    sizes = [(2, 50), (50, 2), (3, 3), (4, 4)]
+    s = BucketBatchSampler(sizes, 2, boundaries=[10], key=lambda a: a[:, 0])  # bucket by height only
+    assert s.bucket_counts() == [3, 1]
