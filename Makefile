@@ -18,6 +18,7 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(PY) examples/demo.py
+	$(PY) examples/swap_collate.py
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -12,11 +12,20 @@ from padless.tensor import (
 from padless import ops as _ops  # noqa: F401  (registers the op layer)
 from padless import nested
 from padless.ops import patch_grid, patchify, unpatchify
+from padless.collate import Batch, Collator, Field, collate  # noqa: F401  (after the op layer)
+from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "Batch",
+    "Collator",
+    "Field",
+    "JaggedTensor",
+    "KeyedJaggedTensor",
+    "KeyedTensor",
     "NestedTensor",
+    "collate",
     "from_list",
     "from_njt",
     "from_padded",

@@ -18,13 +18,17 @@ cached; the op then runs once on the gathered rows. Backward is the matching
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced
+
+
+PLAN_PROVIDERS: list[Callable[[str, Sequence[NestedTensor]], "Plan | None"]] = []
+"""Functions that may supply a precomputed :class:`Plan` before one is computed here."""
 
 
 @dataclasses.dataclass
@@ -59,6 +63,11 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     hit = ref._meta.derived.get(key)
     if hit is not None:
         return hit
+    for provide in PLAN_PROVIDERS:  # e.g. pair maps precomputed by the collator in a worker
+        provided = provide(opname, nts)
+        if provided is not None:
+            ref._meta.derived[key] = provided
+            return provided
     b = ref.batch_size
     ndim = ref.sample_dim
     for j, n in enumerate(nts[1:], 1):

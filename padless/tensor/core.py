@@ -374,6 +374,7 @@ class NestedTensor(Tensor):
                 self._meta.host_sizes,
                 self._meta.host_offsets,
                 self.requires_grad,
+                carried_metadata(self),
             ),
         )
 
@@ -403,12 +404,45 @@ class NestedTensor(Tensor):
         return out
 
 
-def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad):
+def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None):
     """Unpickling entry point (registered as a safe global for ``torch.load(weights_only=True)``)."""
+    meta = StructureMeta(host_sizes, host_offsets)
+    if isinstance(carried, dict):
+        restore_metadata(meta, carried, values, offsets)
     return NestedTensor(
-        values, offsets, sizes, tuple(ragged), tuple(envelope), StructureMeta(host_sizes, host_offsets),
-        requires_grad=requires_grad,
+        values, offsets, sizes, tuple(ragged), tuple(envelope), meta, requires_grad=requires_grad,
     )
+
+
+#: Derived entries keyed ``(name, device)`` that pickling carries, so metadata a DataLoader
+#: worker computed (``padless.collate``) is not recomputed by the main process. Plain
+#: tensors in a dict: ``torch.load(weights_only=True)`` accepts them.
+CARRIED_KEYS = ("cu_seqlens", "row_ids")
+
+
+def carried_metadata(nt: NestedTensor) -> dict[str, Any] | None:
+    """The cached row-level metadata of ``nt`` that pickling carries (None when none is cached)."""
+    m = nt._meta
+    out: dict[str, Any] = {}
+    for name in CARRIED_KEYS:
+        t = m.derived.get((name, nt._values.device))
+        if isinstance(t, Tensor):
+            out[name] = t
+    parts = m.derived.get("partitions")
+    if isinstance(parts, tuple):
+        out["partitions"] = list(parts)
+    return out or None
+
+
+def restore_metadata(meta: StructureMeta, carried: dict[str, Any], values: Tensor, offsets: Tensor) -> None:
+    """Install carried metadata into ``meta``; entries whose shape or dtype do not fit are ignored."""
+    cu, rid, parts = carried.get("cu_seqlens"), carried.get("row_ids"), carried.get("partitions")
+    if isinstance(cu, Tensor) and cu.dtype == torch.int32 and cu.shape == offsets.shape and cu.device == offsets.device:
+        meta.derived[("cu_seqlens", offsets.device)] = cu
+    if isinstance(rid, Tensor) and rid.dtype == torch.int64 and rid.shape == values.shape[:1] and rid.device == values.device:
+        meta.derived[("row_ids", values.device)] = rid
+    if isinstance(parts, list) and all(isinstance(p, Tensor) and p.device.type == "cpu" for p in parts):
+        meta.derived["partitions"] = tuple(parts)
 
 
 # ---------------------------------------------------------------------------- helpers for handlers

@@ -1,0 +1,102 @@
+"""One buffer per dtype: where a collated batch lives.
+
+A collate call first *reserves* every tensor it will produce (values, metadata,
+stacked fields), then allocates one flat buffer per dtype and hands out views.
+Within a buffer, tensors that move to the device come first and host-only
+metadata (``host_sizes``, ``host_offsets``, partitions) last, so moving a batch
+is one copy per dtype of one contiguous region::
+
+    int64 buffer   [ offsets | sizes | row ids | ... ‖ host sizes | host offsets ]
+                     <------ device region ------->   <---- host region ---->
+    float32 buffer [ values of field a | values of field b ]
+
+In a DataLoader worker the buffers are allocated in shared memory (as
+``default_collate`` does for its stacked tensors), so a batch crosses to the main
+process as one shared-memory block per dtype, without a copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import Tensor
+
+_ALIGN_BYTES = 64  # every slot starts on a 64-byte boundary (vectorised device loads)
+
+
+@dataclasses.dataclass
+class Slot:
+    """A reserved range of one dtype's buffer (``start`` is set by :meth:`Arena.allocate`)."""
+
+    dtype: torch.dtype
+    numel: int
+    host: bool
+    start: int = -1
+
+
+class Arena:
+    """Reserve, then allocate one buffer per dtype, then view.
+
+    >>> a = Arena()
+    >>> s = a.reserve(torch.int64, 3)
+    >>> a.allocate(shared=False)
+    >>> a.view(s, (3,)).shape
+    torch.Size([3])
+    """
+
+    def __init__(self) -> None:
+        self._slots: list[Slot] = []
+        self.buffers: dict[torch.dtype, Tensor] = {}
+
+    def reserve(self, dtype: torch.dtype, numel: int, *, host: bool = False) -> Slot:
+        if self.buffers:
+            raise RuntimeError("padless internal: Arena.reserve() after allocate()")
+        slot = Slot(dtype, int(numel), host)
+        self._slots.append(slot)
+        return slot
+
+    def allocate(self, shared: bool) -> None:
+        """One buffer per dtype, device slots first; in shared memory when ``shared``."""
+        ends: dict[torch.dtype, int] = {}
+        for host in (False, True):
+            for s in self._slots:
+                if s.host is host:
+                    step = max(1, _ALIGN_BYTES // _itemsize(s.dtype))
+                    start = -(-ends.get(s.dtype, 0) // step) * step
+                    s.start = start
+                    ends[s.dtype] = start + s.numel
+        self.buffers = {dt: _empty(dt, n, shared) for dt, n in ends.items()}
+
+    def view(self, slot: Slot, shape: tuple[int, ...] | list[int]) -> Tensor:
+        buf = self.buffers[slot.dtype]
+        return buf[slot.start : slot.start + slot.numel].view(tuple(shape))
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return dtype.itemsize
+
+
+def _empty(dtype: torch.dtype, numel: int, shared: bool) -> Tensor:
+    if not shared:
+        return torch.empty(numel, dtype=dtype)
+    nbytes = max(numel, 1) * _itemsize(dtype)
+    storage = torch.UntypedStorage._new_shared(nbytes)
+    return torch.empty(0, dtype=dtype).set_(storage, 0, (numel,), (1,))
+
+
+def in_worker() -> bool:
+    """True inside a DataLoader worker process (collated batches go to shared memory)."""
+    return torch.utils.data.get_worker_info() is not None
+
+
+def reserve_tensors(arena: Arena, tensors: list[tuple[Tensor, bool]]) -> list[Slot]:
+    """A slot for every ``(tensor, host_only)`` pair, to be filled by :func:`place`."""
+    return [arena.reserve(t.dtype, t.numel(), host=host) for t, host in tensors]
+
+
+def place(arena: Arena, t: Tensor, slot: Slot) -> Tensor:
+    """Copy a tensor computed during planning into its reserved slot; return the view."""
+    out = arena.view(slot, t.shape)
+    out.copy_(t)
+    return out

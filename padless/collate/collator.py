@@ -1,0 +1,308 @@
+"""``padless.Collator``: a collate_fn with a schema, returning a :class:`~padless.collate.Batch`.
+
+Inference (``padless.collate``) packs whatever varies. A schema says more: which
+dims are ragged (a declared field stays a NestedTensor even when every sample of
+a batch has one length), casts, pair maps, position ids, sample ids, shifted
+labels, and padding of the packed length to a multiple::
+
+    collator = padless.Collator({
+        "input_ids": padless.Field(ragged=0, position_ids="position_ids",
+                                   labels="labels", seq_idx="seq_idx"),
+        "coords":    padless.Field(ragged=0, dtype=torch.float32, pair=True),
+    })
+    loader = DataLoader(ds, batch_size=8, collate_fn=collator, num_workers=2, pin_memory=True)
+
+For ``input_ids`` samples ``[5, 6]``, ``[7, 8, 9]``::
+
+    input_ids     values [5, 6, 7, 8, 9]        offsets [0, 2, 5]
+    position_ids  values [0, 1, 0, 1, 2]        (position_start=2 gives [2, 3, 2, 3, 4])
+    seq_idx       values [0, 0, 1, 1, 1]        int32
+    labels        values [-100, 6, -100, 8, 9]  the first token of every sample masked,
+                                                so a shifted next-token loss never
+                                                predicts across a sample boundary
+
+Fields the schema does not name are collated by inference, as ``padless.collate``.
+Everything is computed here, in the DataLoader worker.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+from typing import Any, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.collate import metadata as md
+from padless.collate.arena import Arena, in_worker
+from padless.collate.batch import Batch
+from padless.collate.collate import plan_samples
+from padless.collate.pack import (
+    FieldPlan,
+    PackOptions,
+    Placer,
+    RaggedPlan,
+    StackPlan,
+    TensorPlan,
+    as_tensors,
+    check_rank,
+    check_static,
+    common_dtype,
+)
+from padless.collate.opcache import install
+from padless.collate import samples as sk
+from padless.collate.samples import fmt_shape
+from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """How one field of the samples is collated.
+
+    ragged           sample dims that vary (int or tuple); None: the dims that differ in
+                     the batch, or dim 0 when none does; ``()``: stack (every dim static)
+    dtype            cast every sample to this dtype (otherwise differing dtypes are an error)
+    pair             True: square pair maps ``(N_i, N_i)`` for ``x.unsqueeze(2) + x.unsqueeze(1)``;
+                     a field name: rectangular maps ``(N_i, M_i)`` against that field
+    position_ids     name of an output holding each row's position in its sample, from
+                     ``position_start`` (RoBERTa-style models start at 2)
+    seq_idx          name of an output holding each row's sample index (int32)
+    labels           name of an output holding the field with ``label_separator`` at each
+                     sample's first row (next-token objectives on packed sequences)
+    pad_to_multiple  pad the packed length to a multiple with one extra dummy sample of
+                     ``pad_value`` rows (always present, possibly empty: the field then has
+                     ``len(batch) + 1`` samples, a fixed count for CUDA graphs)
+    row_maps         also precompute each row's sample id and position (2 int64 per row):
+                     per-sample broadcasting, whole-sample reductions and hf_kwargs'
+                     position_ids then use no main-process work. Off by default: without
+                     it a field ships O(B) metadata (offsets, sizes, cu_seqlens)
+    padded_index     precompute the padded index used by ``batch.padded()`` / ``to_padded()``
+    """
+
+    ragged: int | tuple[int, ...] | None = None
+    dtype: torch.dtype | None = None
+    pair: bool | str = False
+    position_ids: str | None = None
+    position_start: int = 0
+    seq_idx: str | None = None
+    labels: str | None = None
+    label_separator: int = -100
+    pad_to_multiple: int | None = None
+    pad_value: float = 0.0
+    row_maps: bool = False
+    padded_index: bool = False
+
+    def outputs(self) -> dict[str, str]:
+        roles = {"position_ids": self.position_ids, "seq_idx": self.seq_idx, "labels": self.labels}
+        return {role: name for role, name in roles.items() if name is not None}
+
+
+class Collator:
+    """A ``collate_fn`` with a per-field schema; returns a :class:`Batch` (see the module docstring)."""
+
+    def __init__(self, fields: Mapping[str, Field] | None = None) -> None:
+        self.fields: dict[str, Field] = dict(fields or {})
+        _validate_schema(self.fields)
+
+    def __repr__(self) -> str:
+        return f"Collator(fields={self.fields!r})"
+
+    def __call__(self, samples: Sequence[Any]) -> Batch:
+        rows = _as_rows(samples)
+        keys = list(rows[0].keys())
+        for name in self.fields:
+            if name not in rows[0]:
+                raise KeyError(f"Collator: field {name!r} is declared, but sample 0 has no key {name!r} (keys {keys})")
+        _check_keys(rows, keys)
+        plans: dict[str, FieldPlan] = {}
+        for key in keys:
+            col = [r[key] for r in rows]
+            spec = self.fields.get(key)
+            plans[key] = plan_samples(col, key) if spec is None else _plan_field(key, col, spec)
+        outputs = self._plan_outputs(plans)
+        self._plan_pairs(plans)
+        arena = Arena()
+        for p in (*plans.values(), *outputs.values()):
+            p.reserve(arena)
+        arena.allocate(shared=in_worker())
+        built: dict[str, Any] = {k: p.build(arena) for k, p in plans.items()}
+        for name, out in outputs.items():
+            built[name] = out.build_for(arena, built[out.parent_name])
+        return Batch(built, len(rows))
+
+    def _plan_pairs(self, plans: dict[str, FieldPlan]) -> None:
+        for name, spec in self.fields.items():
+            if spec.pair is False:
+                continue
+            peer = None if spec.pair is True or spec.pair == name else spec.pair
+            x = _pair_operand(plans, name)
+            y = x if peer is None else _pair_operand(plans, peer)
+            n, m = x.host_sizes[:, 0], y.host_sizes[:, 0]
+            x.meta.pair = md.pair_maps(n, m, x.static, peer, owner=name)
+
+    def _plan_outputs(self, plans: dict[str, FieldPlan]) -> dict[str, "OutputPlan"]:
+        out: dict[str, OutputPlan] = {}
+        for name, spec in self.fields.items():
+            plan = plans[name]
+            roles = spec.outputs()
+            if not roles:
+                continue
+            if not isinstance(plan, RaggedPlan) or plan.ragged != (0,):
+                got = plan.ragged if isinstance(plan, RaggedPlan) else "none (stacked)"
+                raise ValueError(
+                    f"Collator: field {name!r}: {', '.join(roles)} need samples ragged along dim 0 only "
+                    f"(token sequences); this field's ragged dims are {got}"
+                )
+            plan.meta.outputs = dict(roles)
+            for role, key in roles.items():
+                out[key] = OutputPlan(name, plan, role, spec)
+        return out
+
+
+def _validate_schema(fields: dict[str, Field]) -> None:
+    used: dict[str, str] = {}
+    for name, spec in fields.items():
+        if not isinstance(name, str) or not isinstance(spec, Field):
+            raise TypeError(f"Collator: fields must map names to padless.Field, got {name!r}: {type(spec).__name__}")
+        if spec.pad_to_multiple is not None and (not isinstance(spec.pad_to_multiple, int) or spec.pad_to_multiple < 1):
+            raise ValueError(f"Collator: field {name!r}: pad_to_multiple must be a positive int, got {spec.pad_to_multiple!r}")
+        if spec.pair is not False:
+            peer = name if spec.pair is True else spec.pair
+            if not isinstance(peer, str) or peer not in fields:
+                raise ValueError(
+                    f"Collator: field {name!r}: pair={spec.pair!r} must be True or the name of another "
+                    f"declared field (declared: {list(fields)})"
+                )
+            for f in {name, peer}:
+                if fields[f].pad_to_multiple is not None:
+                    raise ValueError(
+                        f"Collator: field {name!r}: pair maps and pad_to_multiple (on {f!r}) do not mix: "
+                        "the dummy segment would join the pair state"
+                    )
+        for role, key in spec.outputs().items():
+            if key in fields or key in used:
+                other = f"field {key!r}" if key in fields else f"the {used[key]} output"
+                raise ValueError(f"Collator: field {name!r}: {role} output {key!r} collides with {other}")
+            used[key] = f"{name}.{role}"
+
+
+def _as_rows(samples: Sequence[Any]) -> list[Mapping[str, Any]]:
+    if isinstance(samples, (str, bytes)) or not isinstance(samples, collections.abc.Sequence):
+        raise TypeError(f"Collator: expected a list of samples, got {type(samples).__name__}")
+    if len(samples) == 0:
+        raise ValueError("Collator: empty batch: no samples to collate (check the sampler or drop_last)")
+    rows = []
+    for i, s in enumerate(samples):
+        if isinstance(s, collections.abc.Mapping):
+            rows.append(s)
+        elif isinstance(s, tuple) and hasattr(s, "_asdict"):
+            rows.append(s._asdict())
+        elif dataclasses.is_dataclass(s) and not isinstance(s, type):
+            rows.append({f.name: getattr(s, f.name) for f in dataclasses.fields(s)})
+        else:
+            raise TypeError(
+                f"Collator: sample {i} is a {type(s).__name__}; a Collator takes dicts, namedtuples or "
+                "dataclasses (fields by name). Use padless.collate for other samples."
+            )
+    return rows
+
+
+def _check_keys(rows: list[Mapping[str, Any]], keys: list[str]) -> None:
+    """Every sample has sample 0's keys, no more, no less."""
+    n = len(keys)
+    for i, r in enumerate(rows):
+        if len(r) == n and all(k in r for k in keys):
+            continue
+        missing = [k for k in keys if k not in r]
+        if missing:
+            k = missing[0]
+            raise KeyError(f"collate(): field {k!r}: sample {i} has no key {k!r} (sample 0 has keys {keys})")
+        extra = [k for k in r.keys() if k not in rows[0]]
+        raise KeyError(f"collate(): sample {i} has key {extra[0]!r} that sample 0 lacks (sample 0 has keys {keys})")
+
+
+def _plan_field(name: str, col: list[Any], spec: Field) -> FieldPlan:
+    if all(sk.kind(x) == sk.NUMBER for x in col):  # numbers: a (B,) tensor, cast if declared
+        t = sk.numbers_tensor(col, name)
+        return TensorPlan(t if spec.dtype is None else t.to(spec.dtype))
+    ts = as_tensors(name, col)
+    check_rank(name, ts)
+    dtype = common_dtype(name, ts, spec.dtype)
+    ndim = ts[0].dim()
+    if spec.ragged is None:
+        s0 = ts[0].shape
+        ragged = tuple(d for d in range(ndim) if any(t.shape[d] != s0[d] for t in ts)) or ((0,) if ndim else ())
+    else:
+        raw = (spec.ragged,) if isinstance(spec.ragged, int) else tuple(spec.ragged)
+        for d in raw:
+            if not -ndim <= d < ndim:
+                raise ValueError(
+                    f"Collator: field {name!r}: ragged dim {d} is out of range for samples of shape "
+                    f"{fmt_shape(ts[0].shape)} (rank {ndim}; dims count sample dims, batch excluded)"
+                )
+        ragged = tuple(sorted({d % ndim for d in raw}))
+        check_static(name, ts, ragged)
+    if not ragged:
+        return StackPlan(ts, dtype)
+    opts = PackOptions(spec.row_maps, spec.padded_index, spec.pad_to_multiple, spec.pad_value)
+    return RaggedPlan(name, ts, ragged, dtype, opts)
+
+
+def _pair_operand(plans: dict[str, FieldPlan], name: str) -> RaggedPlan:
+    p = plans[name]
+    if not isinstance(p, RaggedPlan) or p.ragged != (0,):
+        got = p.ragged if isinstance(p, RaggedPlan) else "none (stacked)"
+        raise ValueError(
+            f"Collator: field {name!r}: pair maps need samples (N_i, *static) ragged along dim 0 only; "
+            f"this field's ragged dims are {got}"
+        )
+    return p
+
+
+class OutputPlan(FieldPlan):
+    """A per-row output of a ragged field (positions, sample ids or labels) with its structure."""
+
+    def __init__(self, parent_name: str, parent: RaggedPlan, role: str, spec: Field) -> None:
+        self.parent_name, self.parent, self.role = parent_name, parent, role
+        rows = parent.meta.rows or md.row_maps(parent.host_sizes, parent.host_offsets, parent.ragged, parent.total)
+        self.own_sizes = None
+        if role == "labels":
+            self.t = _labels(parent, spec.label_separator)
+        else:
+            if role == "position_ids":
+                self.t = rows.coords[0] + spec.position_start if spec.position_start else rows.coords[0]
+            else:
+                self.t = rows.row_ids.to(torch.int32)
+            if parent.static:  # (L_i, C) field: the output is (L_i,)
+                self.own_sizes = parent.host_sizes[:, :1].contiguous()
+        self.placer = Placer()
+
+    def reserve(self, arena: Arena) -> None:
+        self.placer.add(self.t, False)
+        if self.own_sizes is not None:
+            self.placer.add(self.own_sizes, False)
+        self.placer.reserve(arena)
+
+    def build_for(self, arena: Arena, parent: NestedTensor) -> NestedTensor:
+        self.placer.build(arena)
+        vals = self.placer.get(self.t)
+        if self.own_sizes is None:
+            out = NestedTensor(vals, parent._offsets, parent._sizes, parent._ragged, parent._env, parent._meta)
+            return mark_dynamic(out)
+        sizes = self.placer.get(self.own_sizes)
+        meta = StructureMeta(sizes, parent._meta.host_offsets)
+        out = mark_dynamic(NestedTensor(vals, parent._offsets, sizes, (0,), parent._env[:1], meta))
+        fm = parent._meta.derived.get("collate_field_meta")
+        if fm is not None:
+            install(out, dataclasses.replace(fm, pair=None, outputs={}, padded_index=None))
+        return out
+
+
+def _labels(parent: RaggedPlan, separator: int) -> Tensor:
+    """The field's values as int64 with ``separator`` at each sample's first row (and on dummy rows)."""
+    lab = torch.full((parent.total, *parent.static), separator, dtype=torch.int64)
+    torch.cat([t.to(torch.int64) for t in parent.ts], 0, out=lab[: parent.real_rows])
+    starts = parent.host_offsets[:-1][(parent.host_offsets[1:] - parent.host_offsets[:-1]) > 0]
+    lab[starts] = separator
+    return lab

@@ -1,0 +1,104 @@
+"""What attention kernels and model libraries take, read from a collated batch.
+
+For ``ids`` samples of lengths ``2, 0, 3`` (``T = 5``)::
+
+    flash_attn_kwargs("ids")  cu_seqlens_q = cu_seqlens_k = [0, 2, 2, 5] (int32), max_seqlen_q/k = 3
+    hf_kwargs("ids")          input_ids (1, 5), position_ids (1, 5) = [[0, 1, 0, 1, 2]],
+                              cu_seq_lens_q/k (int32), max_length_q/k = 3 (python ints)
+    padded("ids")             (B, 3) tensor and (B, 3) bool mask, True on real tokens
+
+Every value comes from metadata computed in the worker: no host sync, no
+structure computation in the training loop.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from padless.collate.opcache import field_meta
+from padless.tensor.convert import _padded_index
+from padless.tensor.core import NestedTensor
+
+if TYPE_CHECKING:
+    from padless.collate.batch import Batch
+
+
+def _ragged(batch: "Batch", field: str, op: str, one_dim: bool) -> NestedTensor:
+    x = batch[field]
+    if not isinstance(x, NestedTensor):
+        raise TypeError(
+            f"Batch.{op}(): field {field!r} is a {type(x).__name__}, not a NestedTensor; "
+            "declare it ragged (Collator(fields={..: Field(ragged=0)}))"
+        )
+    if one_dim and x._ragged != (0,):
+        raise ValueError(
+            f"Batch.{op}(): field {field!r} has ragged dims {x.ragged_dims}; {op} needs samples "
+            "ragged along their first dim only (token sequences)"
+        )
+    return x
+
+
+def flash_attn_kwargs(batch: "Batch", field: str, key_field: str | None = None) -> dict[str, Any]:
+    """``cu_seqlens_q/k`` (int32, on the batch's device) and ``max_seqlen_q/k`` (python ints)
+    for ``flash_attn_varlen_func``; ``key_field`` for cross-attention (default: ``field``)."""
+    q = _ragged(batch, field, "flash_attn_kwargs", True)
+    k = q if key_field is None else _ragged(batch, key_field, "flash_attn_kwargs", True)
+    return {
+        "cu_seqlens_q": q.cu_seqlens(),
+        "cu_seqlens_k": k.cu_seqlens(),
+        "max_seqlen_q": int(q.max_seqlen()),
+        "max_seqlen_k": int(k.max_seqlen()),
+    }
+
+
+def hf_kwargs(batch: "Batch", field: str) -> dict[str, Any]:
+    """Keyword arguments of Hugging Face transformers' padding-free path.
+
+    ``input_ids`` ``(1, T)`` (``inputs_embeds`` ``(1, T, C)`` for a float field),
+    ``position_ids`` ``(1, T)`` (the field's declared ``position_ids`` output, else
+    0-based positions from its row maps), ``cu_seq_lens_q/k`` (int32),
+    ``max_length_q/k`` (python ints), and ``labels`` ``(1, T)`` when the field
+    declares a ``labels`` output.
+    """
+    x = _ragged(batch, field, "hf_kwargs", True)
+    fm = field_meta(x)
+    outputs = fm.outputs if fm is not None else {}
+    key = "inputs_embeds" if x.dtype.is_floating_point else "input_ids"
+    out: dict[str, Any] = {key: x.values().unsqueeze(0)}
+    if "position_ids" in outputs:
+        out["position_ids"] = batch[outputs["position_ids"]].values().unsqueeze(0)
+    elif fm is not None and fm.rows is not None:
+        out["position_ids"] = fm.rows.coords[0].unsqueeze(0)
+    else:  # computed on the device from cached row ids: no sync
+        t = x._values.shape[0]
+        pos = torch.arange(t, device=x.device) - x.offsets()[:-1].index_select(0, x.row_sample_ids())
+        out["position_ids"] = pos.unsqueeze(0)
+    cu = x.cu_seqlens()
+    m = int(x.max_seqlen())
+    out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m, max_length_k=m)
+    if "labels" in outputs:
+        out["labels"] = batch[outputs["labels"]].values().unsqueeze(0)
+    return out
+
+
+def padded(batch: "Batch", field: str, value: float = 0.0) -> tuple[Tensor, Tensor]:
+    """``(padded, mask)``: the field as a dense ``(B, *envelope)`` tensor with ``value`` in the
+    padding, and a bool mask over its ragged dims (``(B, L)`` for ``(L_i, C)`` samples,
+    ``(B, H, W)`` for ``(C, H_i, W_i)`` images), True on real positions."""
+    x = _ragged(batch, field, "padded", False)
+    return x.to_padded(value), ragged_mask(x)
+
+
+def ragged_mask(x: NestedTensor) -> Tensor:
+    """Bool ``(B, *envelope of the ragged dims)`` (ascending dims), True on real positions."""
+    env = list(x._env)
+    idx = _padded_index(x, env)
+    store = x._ragged
+    b = x.batch_size
+    grid = torch.zeros(b * math.prod(env[d] for d in store), dtype=torch.bool, device=x.device)
+    grid = grid.index_fill_(0, idx, True).reshape(b, *[env[d] for d in store])
+    return grid.permute(0, *[1 + store.index(d) for d in sorted(store)])

@@ -1,0 +1,128 @@
+"""What one sample field can hold, and turning it into a tensor.
+
+Tensors, numpy arrays, PIL images (as ``(C, H, W)``, uint8 for 8-bit modes) and
+numbers become tensors; strings and other objects stay Python objects. Pillow is
+optional: it is only imported for a sample that already is a PIL image.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import numbers
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from padless.tensor.core import NestedTensor
+
+TENSOR = "tensor"
+NUMBER = "number"
+STRING = "string"
+NONE = "none"
+MAPPING = "mapping"
+NAMEDTUPLE = "namedtuple"
+DATACLASS = "dataclass"
+SEQUENCE = "sequence"
+OBJECT = "object"
+
+
+def fmt_shape(shape: Sequence[int]) -> str:
+    s = tuple(int(x) for x in shape)
+    return "(" + ", ".join(map(str, s)) + (",)" if len(s) == 1 else ")")
+
+
+def field_label(path: str) -> str:
+    """How errors name a field: its key path, or ``<sample>`` for the samples themselves."""
+    return repr(path) if path else "<sample>"
+
+
+def is_pil(x: Any) -> bool:
+    """A PIL image, recognised without importing Pillow."""
+    return any(c.__module__.startswith("PIL.") and c.__name__ == "Image" for c in type(x).__mro__)
+
+
+_EXACT = {int: NUMBER, float: NUMBER, bool: NUMBER, complex: NUMBER, str: STRING, bytes: STRING, type(None): NONE}
+
+
+def kind(x: Any) -> str:
+    k = _EXACT.get(type(x))
+    if k is not None:
+        return k
+    if isinstance(x, Tensor):
+        return TENSOR
+    if isinstance(x, np.ndarray):
+        return TENSOR if x.dtype.kind in "biufc" else OBJECT
+    if isinstance(x, (str, bytes)):
+        return STRING
+    if isinstance(x, np.generic):
+        return NUMBER if x.dtype.kind in "biufc" else OBJECT
+    if isinstance(x, numbers.Number):
+        return NUMBER
+    if is_pil(x):
+        return TENSOR
+    if isinstance(x, collections.abc.Mapping):
+        return MAPPING
+    if isinstance(x, tuple) and hasattr(x, "_fields"):
+        return NAMEDTUPLE
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return DATACLASS
+    if isinstance(x, collections.abc.Sequence):
+        return SEQUENCE
+    return OBJECT
+
+
+def to_tensor(x: Any, path: str, i: int) -> Tensor:
+    """A tensor view of one array-like sample (no copy for tensors and numpy arrays)."""
+    if isinstance(x, NestedTensor):
+        raise TypeError(
+            f"collate(): field {field_label(path)}: sample {i} is a NestedTensor; samples must be dense "
+            "(collate packs them). Unbind it first, or concatenate batches with torch.cat."
+        )
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, np.ndarray):
+        return torch.from_numpy(x if x.flags.writeable else x.copy())
+    if is_pil(x):
+        return pil_to_tensor(x)
+    raise TypeError(f"collate(): field {field_label(path)}: sample {i} of type {type(x).__name__} is not array-like")
+
+
+def pil_to_tensor(img: Any) -> Tensor:
+    """``(C, H, W)`` view of a PIL image: uint8 for 8-bit modes, the mode's own dtype otherwise.
+
+    Palette and 1-bit images are converted to RGB(A) / L first, as torchvision does.
+    """
+    _require_pillow()
+    if img.mode == "1":
+        img = img.convert("L")
+    elif img.mode in ("P", "PA"):
+        img = img.convert("RGBA" if "transparency" in img.info or img.mode == "PA" else "RGB")
+    arr = np.array(img)  # writable; the (C, H, W) view below is copied once, into the batch
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+def _require_pillow() -> None:
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:  # pragma: no cover - only reached with a PIL-like object and no Pillow
+        raise ImportError(
+            "collate(): PIL images need Pillow; install it with: pip install 'padless[loaders]'"
+        ) from None
+
+
+def numbers_tensor(values: Sequence[Any], path: str) -> Tensor:
+    """Numbers as ``default_collate`` makes them: floats -> float64, ints -> int64, numpy keep theirs."""
+    first = values[0]
+    if isinstance(first, np.generic):
+        return torch.from_numpy(np.asarray(values))
+    if isinstance(first, float):
+        return torch.tensor(values, dtype=torch.float64)
+    try:
+        return torch.tensor(values)
+    except (TypeError, RuntimeError, OverflowError) as e:
+        raise TypeError(f"collate(): field {field_label(path)}: numbers cannot form a tensor ({e})") from None
