@@ -19,6 +19,7 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(PY) examples/demo.py
 	$(PY) examples/swap_collate.py
+	$(PY) examples/image_stream.py
 
 test: $(STAMP)
 	$(PY) -m pytest
