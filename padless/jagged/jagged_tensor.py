@@ -120,9 +120,14 @@ class JaggedTensor:
     def lengths(self) -> Tensor:
         """Slice lengths ``(B,)``; derived from offsets on their device (no sync) and cached."""
         if self._lengths is None:
-            assert self._offsets is not None  # invariant: one of the two is always set
-            self._lengths = C.lengths_from_offsets(self._offsets)
+            self._lengths = C.lengths_from_offsets(self._require(self._offsets))
         return self._lengths
+
+    @staticmethod
+    def _require(t: Tensor | None) -> Tensor:
+        if t is None:  # construction guarantees one of lengths/offsets; reaching this is a bug
+            raise RuntimeError("padless internal: a JaggedTensor lost both its lengths and its offsets")
+        return t
 
     def lengths_or_none(self) -> Tensor | None:
         return self._lengths
@@ -130,8 +135,7 @@ class JaggedTensor:
     def offsets(self) -> Tensor:
         """Offsets ``(B+1,)``; derived from lengths on their device (no sync) and cached."""
         if self._offsets is None:
-            assert self._lengths is not None
-            self._offsets = C.offsets_from_lengths(self._lengths)
+            self._offsets = C.offsets_from_lengths(self._require(self._lengths))
         return self._offsets
 
     def offsets_or_none(self) -> Tensor | None:
