@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
-from padless.tensor.core import NestedTensor, StructureMeta, wrap_like
+from padless.tensor.core import NestedTensor, StructureMeta, static_change
 
 
 def _grad_values(grad: Tensor, like: NestedTensor | None = None) -> Tensor:
@@ -80,10 +80,18 @@ def _conform(grad: Tensor, struct: tuple) -> Tensor:
     return values.index_select(0, idx)
 
 
+def _apply(fn: type[torch.autograd.Function], *args):
+    """``fn.apply`` without the Python wrapper's functorch bookkeeping when no functorch
+    transform is active and nothing is being compiled (a few microseconds per op)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return fn.apply(*args)
+    return super(torch.autograd.Function, fn).apply(*args)  # type: ignore[misc]
+
+
 def values_of(nt: NestedTensor) -> Tensor:
     """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed."""
     if nt.requires_grad and torch.is_grad_enabled():
-        return _ValuesView.apply(nt)
+        return _apply(_ValuesView, nt)
     return nt._values
 
 
@@ -97,13 +105,16 @@ def nested_from_values(
 ) -> NestedTensor:
     """Build a NestedTensor around ``values``, keeping ``values``' autograd history."""
     if values.requires_grad and torch.is_grad_enabled():
-        return _NestedView.apply(values, offsets, sizes, ragged, tuple(envelope), meta)
+        return _apply(_NestedView, values, offsets, sizes, ragged, tuple(envelope), meta)
     return NestedTensor(values, offsets, sizes, ragged, envelope, meta)
 
 
 def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
-    """Differentiable :func:`padless.tensor.core.wrap_like`."""
+    """``values`` on ``like``'s rows (static extents may differ), keeping ``values``' history."""
+    if values.shape[1:] == like._values.shape[1:]:
+        sizes, meta, env = like._sizes, like._meta, like._env
+    else:
+        sizes, meta, env = static_change(values, like)
     if values.requires_grad and torch.is_grad_enabled():
-        out = wrap_like(values.detach(), like)
-        return _NestedView.apply(values, out._offsets, out._sizes, out._ragged, out._env, out._meta)
-    return wrap_like(values, like)
+        return _apply(_NestedView, values, like._offsets, sizes, like._ragged, env, meta)
+    return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)

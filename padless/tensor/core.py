@@ -483,10 +483,16 @@ def wrap_like(values: Tensor, like: NestedTensor) -> NestedTensor:
 
 
 def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
-    """Like :func:`wrap_like` when the static extents changed (e.g. ``Linear(C, 4C)``).
+    """Like :func:`wrap_like` when the static extents changed (e.g. ``Linear(C, 4C)``)."""
+    sizes, meta, env = static_change(values, like)
+    return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
 
-    The new structure is cached on ``like``'s metadata per static shape, so a layer
-    applied to the same batch every step reuses one structure (and its caches).
+
+def static_change(values: Tensor, like: NestedTensor) -> tuple[Tensor, StructureMeta, tuple]:
+    """``(sizes, meta, envelope)`` of ``like``'s rows with ``values``' static extents.
+
+    Cached on ``like``'s metadata per static shape, so a layer applied to the same batch
+    every step reuses one structure (and everything cached on it).
     """
     ndim = like.sample_dim
     static = layout.static_dims(ndim, like._ragged)
@@ -499,8 +505,7 @@ def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
     key = ("static_shape", like._ragged, tuple(values.shape[1:]))
     hit = None if traced else like._meta.derived.get(key)
     if hit is not None:
-        sizes, meta, env = hit
-        return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+        return hit
     new_static = list(values.shape[1:])
     sizes = like._sizes.clone()
     if len(static):
@@ -518,9 +523,10 @@ def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
     env = list(like._env)
     for d, s in zip(static, new_static):
         env[d] = s
+    out = (sizes, meta, tuple(env))
     if not traced:
-        like._meta.derived[key] = (sizes, meta, env)
-    return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+        like._meta.derived[key] = out
+    return out
 
 
 def _fmt_shape(row: Sequence[int]) -> str:
