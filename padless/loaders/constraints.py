@@ -169,6 +169,13 @@ class CostFn(Constraint):
         return out
 
 
+def batch_rule(owner: str, batch_size: int | None, constraint: Constraint | None) -> Constraint:
+    """The constraint a sampler uses: ``BatchSize(batch_size)`` or the given one (exactly one)."""
+    if (batch_size is None) == (constraint is None):
+        raise ValueError(f"{owner}: pass exactly one of batch_size= or constraint=")
+    return constraint if constraint is not None else BatchSize(batch_size)  # type: ignore[arg-type]
+
+
 def check_costs(costs: np.ndarray, constraint: Constraint, what: str) -> None:
     """Reject negative or non-finite costs from a custom constraint."""
     if len(costs) and not (np.all(np.isfinite(costs)) and costs.min() >= 0):

@@ -7,8 +7,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from padless.loaders.constraints import (
-    BatchSize,
     Constraint,
+    batch_rule,
     bucket_keys,
     estimate_boundaries,
     validate_boundaries,
@@ -50,10 +50,7 @@ class BucketBatchSampler(SizedSamplerBase):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        if (batch_size is None) == (constraint is None):
-            raise ValueError("BucketBatchSampler: pass exactly one of batch_size= or constraint=")
-        if constraint is None:
-            constraint = BatchSize(batch_size)  # type: ignore[arg-type]
+        constraint = batch_rule("BucketBatchSampler", batch_size, constraint)
         super().__init__(
             sizes, constraint, oversize=oversize, seed=seed, shuffle=shuffle, drop_last=drop_last,
             rank=rank, world_size=world_size,

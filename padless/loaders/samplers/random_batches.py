@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from padless.loaders.constraints import BatchSize, Constraint
+from padless.loaders.constraints import BatchSize, Constraint, batch_rule
 from padless.loaders.samplers.base import SizedSamplerBase, next_fit
 
 
@@ -39,10 +39,7 @@ class RandomBatchSampler(SizedSamplerBase):
         rank: int | None = None,
         world_size: int | None = None,
     ) -> None:
-        if (batch_size is None) == (constraint is None):
-            raise ValueError("RandomBatchSampler: pass exactly one of batch_size= or constraint=")
-        if constraint is None:
-            constraint = BatchSize(batch_size)  # type: ignore[arg-type]
+        constraint = batch_rule("RandomBatchSampler", batch_size, constraint)
         if isinstance(data, (int, np.integer)) and not isinstance(data, bool):
             if not isinstance(constraint, BatchSize):
                 raise ValueError(
