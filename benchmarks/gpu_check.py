@@ -1,0 +1,96 @@
+"""Every check that needs a GPU, in one prepared run (for sessions that are lent one).
+
+    python benchmarks/gpu_check.py [--quick]
+
+1. the CUDA-only tests (they skip on CPU machines);
+2. an attention spot check: the varlen / flash / flex backends against per-sample SDPA,
+   forward and backward, bf16, with the backend each call chose;
+3. a Batch moved to the GPU: the number of host-to-device copies;
+4. ``benchmarks/encoder.py --device cuda`` (skipped with ``--quick``).
+
+Prints one summary line per step; exits non-zero if a step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+
+def step(name: str, cmd: list[str]) -> bool:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    ok = proc.returncode == 0
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+    print(f"== {name}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
+    print("\n".join("   " + line for line in tail))
+    return ok
+
+
+ATTENTION_CHECK = r"""
+import torch, torch.nn.functional as F, padless
+from padless.ops import attention as attn
+from padless.testing import assert_close_samples
+torch.manual_seed(0)
+for causal in (False, True):
+    for lk in ([17, 33, 5, 64], None):
+        lq = [17, 33, 5, 64]
+        q = padless.from_list([torch.randn(4, n, 64) for n in lq], ragged_dims=(1,)).to("cuda", torch.bfloat16)
+        lk = lk or lq
+        k = padless.from_list([torch.randn(4, n, 64) for n in lk], ragged_dims=(1,)).to("cuda", torch.bfloat16)
+        v = padless.from_list([torch.randn(4, n, 64) for n in lk], ragged_dims=(1,)).to("cuda", torch.bfloat16)
+        for t in (q, k, v):
+            t.requires_grad_()
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        print(attn.last_choice)
+        refs = [F.scaled_dot_product_attention(a, b, c, is_causal=causal) for a, b, c in zip(q.unbind(), k.unbind(), v.unbind())]
+        assert_close_samples(out, refs, atol=3e-2, rtol=3e-2)
+        out.sum().backward()
+print("attention ok")
+"""
+
+TRANSFER_CHECK = r"""
+import torch, padless
+from unittest import mock
+c = padless.Collator({"ids": padless.Field(ragged=0, position_ids="pos"), "x": padless.Field(pair=True)})
+b = c([{"ids": torch.arange(n), "x": torch.randn(n, 8)} for n in (5, 9, 3)]).pin_memory()
+copies = []
+real = torch.Tensor.copy_
+def counting(self, src, non_blocking=False):
+    if self.device.type == "cuda" and src.device.type == "cpu":
+        copies.append(src.numel())
+    return real(self, src, non_blocking)
+with mock.patch.object(torch.Tensor, "copy_", counting):
+    g = b.to("cuda", non_blocking=True)
+torch.cuda.synchronize()
+print("host-to-device copies:", len(copies), "dtypes:", sorted({str(t.dtype) for t in g.values() if isinstance(t, torch.Tensor)}))
+p = g.x.unsqueeze(2) + g.x.unsqueeze(1)
+print("pair on cuda:", tuple(p.shape), p.device)
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        raise SystemExit("gpu_check: no CUDA device visible")
+    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+    py = sys.executable
+    results = [
+        step("CUDA tests", [py, "-m", "pytest", "-q", "-k", "cuda", "-p", "no:cacheprovider", "tests"]),
+        step("attention backends", [py, "-c", ATTENTION_CHECK]),
+        step("batch transfer", [py, "-c", TRANSFER_CHECK]),
+    ]
+    if not args.quick:
+        results.append(step("encoder benchmark (bf16)", [py, "benchmarks/encoder.py", "--device", "cuda", "--batches", "4"]))
+    if not all(results):
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()
