@@ -39,6 +39,10 @@ class _ValuesView(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
+        if any(st == 0 and n > 1 for st, n in zip(grad.stride(), grad.shape)):
+            # e.g. the expanded ones of ``values().sum()``: autograd may keep this gradient as a
+            # leaf's ``.grad`` and accumulate into it in place, which an overlapping buffer refuses
+            grad = grad.contiguous()
         return NestedTensor(grad, *ctx.struct)
 
 

@@ -268,3 +268,16 @@ def test_error_mask_not_prefix():
 def test_error_sizes_disagree_with_values():
     with pytest.raises(ValueError, match=r"sample 1 has shape \(2, 6, 4\) but values' static dims are \(3,\)"):
         padless.from_values(torch.randn(32, 3), sizes=torch.tensor([[4, 5, 3], [2, 6, 4]]))
+
+
+def test_leaf_gradient_accumulates_over_several_backward_calls():
+    """The first .grad may come from an expanded buffer (values().sum()); accumulating into it must work."""
+    x = padless.from_list([torch.randn(3, 4), torch.randn(5, 4)], requires_grad=True)
+    for _ in range(3):
+        x.values().sum().backward()
+    x.sum().backward()
+    (x * 2).sum().backward()
+    x.mean(dim=1).sum().backward()
+    want = [torch.full((3, 4), 6 + 1 / 3), torch.full((5, 4), 6 + 1 / 5)]
+    for g, w in zip(x.grad.unbind(), want):
+        torch.testing.assert_close(g, w)
