@@ -33,6 +33,10 @@ def _attach() -> None:
 
 _attach()
 
+from padless.tensor import dynamo as _dynamo  # noqa: E402
+
+_dynamo.install()
+
 try:  # torch.load(weights_only=True) must rebuild NestedTensors without user set-up.
     import torch.serialization as _ser
 

@@ -56,14 +56,11 @@ _TRACED_TYPES = (_FakeTensor, _FunctionalTensor)
 
 def _is_traced(t: Tensor) -> bool:
     """True for fake/functional/meta tensors: we are inside torch.compile or a meta trace."""
-    if type(t) is Tensor and not torch.compiler.is_compiling():
-        return t.is_meta or torch._is_functional_tensor(t)
-    return (
-        isinstance(t, _TRACED_TYPES)
-        or t.device.type == "meta"
-        or torch._is_functional_tensor(t)
-        or torch.compiler.is_compiling()
-    )
+    if torch.compiler.is_compiling():  # first: the checks below would break a dynamo graph
+        return True
+    if isinstance(t, _TRACED_TYPES):
+        return True
+    return t.is_meta or torch._is_functional_tensor(t)
 
 
 def _needs_grad(args: tuple, kwargs: dict) -> bool:

@@ -103,3 +103,31 @@ def test_compiled_model_with_ragged_reductions_one_graph():
         (ra.sum() + (rb * rb).sum()).backward()
         torch.testing.assert_close(x.grad.values(), x2.grad.values())
     assert cnt.frame_count == 1
+
+
+def test_ops_needing_host_metadata_fall_back_to_eager_under_compile():
+    """Pair broadcasting, per-sample attention: graph breaks, eager results, no Dynamo crash."""
+    torch.manual_seed(0)
+    u, v = torch.nn.Linear(8, 4), torch.nn.Linear(8, 4)
+
+    def pair_block(x):
+        p = u(x).unsqueeze(2) + v(x).unsqueeze(1)
+        return p.mean(dim=2).sum(dim=1)
+
+    def scores(x):
+        return torch.softmax(x @ x.transpose(-1, -2), dim=-1)
+
+    x = _batch([3, 5, 2])
+    out = torch.compile(pair_block, backend="aot_eager")(x)
+    torch.testing.assert_close(out, pair_block(x))
+    out.sum().backward()
+    s = torch.compile(scores, backend="aot_eager")(x)
+    assert_close_samples(s, list(scores(x).unbind()))
+
+
+def test_padless_registers_with_dynamo():
+    from padless.tensor import dynamo
+
+    import torch._dynamo.trace_rules as rules
+
+    assert dynamo._done and dynamo._DIR in rules.BUILTIN_INLINE_WHEN_CALLED
