@@ -9,7 +9,6 @@ from typing import Any, Sequence
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_map_only
 
 from padless.tensor import layout
 from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, op_name
@@ -594,11 +593,6 @@ def _generic_aten_handler(func):
 
 def inner_tensors(nt: NestedTensor) -> list[Tensor]:
     return [getattr(nt, n) for n in nt._INNER]
-
-
-def unwrap_all(args: Any) -> Any:
-    """Replace every NestedTensor in a pytree by its values (no checks)."""
-    return tree_map_only(NestedTensor, lambda t: t._values, args)
 
 
 def warn_once(key: Any, msg: str) -> None:
