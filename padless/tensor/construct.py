@@ -155,7 +155,7 @@ def from_list(
         sizes = torch.empty((0, len(sample_shape)), dtype=torch.int64)
         return _finish(values, sizes, ragged, device, requires_grad, pin_memory, False)
 
-    ts = [_as_sample(x, i, what) for i, x in enumerate(samples)]
+    ts = [x if type(x) is Tensor else _as_sample(x, i, what) for i, x in enumerate(samples)]
     if device is None:
         dev0 = ts[0].device
         for i, t in enumerate(ts):
@@ -171,18 +171,22 @@ def from_list(
     static_shape = [shapes[0][d] for d in layout.static_dims(ndim, ragged)]
     if dtype is None:
         dtype = ts[0].dtype
-        for t in ts[1:]:
-            dtype = torch.promote_types(dtype, t.dtype)
+        for other in {t.dtype for t in ts}:
+            dtype = torch.promote_types(dtype, other)
     host_sizes = torch.tensor(shapes, dtype=torch.int64).reshape(len(ts), ndim)
-    rows = layout.row_counts(host_sizes, ragged).tolist()
     identity = order == tuple(range(ndim))
+    fast = ragged == (0,) or (not ragged and ndim == 0)  # samples are already (rows, *static)
+    rows = None if fast else layout.row_counts(host_sizes, ragged).tolist()
 
     def pack() -> Tensor:
-        parts = []
-        for t, r in zip(ts, rows):
-            if not identity:
-                t = t.permute(order)
-            parts.append(t.reshape(r, *static_shape))
+        if fast:
+            parts = ts if ndim else [t.reshape(1) for t in ts]
+        else:
+            parts = []
+            for t, r in zip(ts, rows):
+                if not identity:
+                    t = t.permute(order)
+                parts.append(t.reshape(r, *static_shape))
         if device is not None:
             parts = [p.to(device) for p in parts]
         return torch.cat(parts).to(dtype)
