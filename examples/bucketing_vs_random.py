@@ -30,19 +30,9 @@ import torch
 import torch.nn as nn
 
 import padless
+from padless.testing.models import TokenMLP
 from padless.loaders import BatchSamplerBase, BucketBatchSampler, BudgetBatchSampler, RandomBatchSampler, TokenBudget
 from padless.loaders.synthetic import token_lengths
-
-
-class TokenMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
 def padded_step(model: nn.Module, padded: torch.Tensor, mask: torch.Tensor) -> float:

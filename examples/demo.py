@@ -15,21 +15,10 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn as nn
 
 import padless
+from padless.testing.models import TokenMLP
 from padless.testing import bench
-
-
-class TokenMLP(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-
-    def forward(self, x):
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
 
 
 def make_lengths(batch: int, lo: int, hi: int, seed: int) -> list[int]:
