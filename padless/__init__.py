@@ -2,6 +2,7 @@
 
 from padless.tensor import (
     NestedTensor,
+    StructureError,
     from_list,
     from_njt,
     from_padded,
@@ -25,6 +26,7 @@ __all__ = [
     "KeyedJaggedTensor",
     "KeyedTensor",
     "NestedTensor",
+    "StructureError",
     "collate",
     "from_list",
     "from_njt",

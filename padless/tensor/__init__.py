@@ -4,6 +4,7 @@ from padless.tensor import behaviour as _behaviour  # noqa: F401  (registers ten
 from padless.tensor.construct import from_list, from_njt, from_padded, from_values
 from padless.tensor.convert import to_njt, to_padded, unbind_samples, valid_mask
 from padless.tensor.core import NestedTensor, StructureMeta, _rebuild_nested
+from padless.tensor.errors import StructureError
 
 
 def _attach() -> None:
@@ -47,6 +48,7 @@ except AttributeError:  # pragma: no cover - torch < 2.4
 __all__ = [
     "NestedTensor",
     "StructureMeta",
+    "StructureError",
     "from_list",
     "from_padded",
     "from_values",
