@@ -354,8 +354,9 @@ def expand_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
 @implements(F.pad, torch._C._nn.pad, accepts="packed")
 def pad(func, nt: NestedTensor, pad: Sequence[int], mode: str = "constant", value: float | None = None) -> NestedTensor:
     """``F.pad`` of static dims (any mode; modes other than constant act one dim at a time,
-    which is what they compute). Padding a ragged dim would make samples grow by a pad
-    that is not data: it raises (pad the samples before packing, or cat a NestedTensor)."""
+    which is what they compute). Pads that touch a ragged dim pad every sample alone, as
+    the dense op does (:func:`padless.ops.pixel_layout.pad_ragged`: constant, reflect,
+    replicate, circular), e.g. a zero or reflect border around every image."""
     pads = _ints("pad", "pad", pad)
     d = nt.sample_dim
     if len(pads) % 2 or len(pads) // 2 > d:
@@ -366,12 +367,10 @@ def pad(func, nt: NestedTensor, pad: Sequence[int], mode: str = "constant", valu
         p, lo, hi = d - 1 - j, pads[2 * j], pads[2 * j + 1]
         if (lo, hi) == (0, 0):
             continue
-        if p in nt._ragged:
-            raise _ragged_error(
-                "pad", nt, p + 1,
-                f"padding it by ({lo}, {hi}) would add elements that are not data to every sample; "
-                "pad only static dims (pad each sample before packing if you need it)",
-            )
+        if p in nt._ragged:  # each sample padded alone, batched by sample shape
+            from padless.ops.pixel_layout import pad_ragged
+
+            return pad_ragged(nt, pads, mode, value)
         per_dim[p] = (lo, hi)
     vals = values_of(nt)
     if not per_dim:

@@ -1,0 +1,117 @@
+"""F.interpolate on images at their own size, sample by sample against the dense op."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import padless
+from padless.ops.size_groups import shape_groups
+from padless.testing import Variant, assert_close_samples, check_op, leaves
+
+# Repeated sizes (grouped into one call), an image smaller than a bicubic window, 1-pixel sides.
+IMAGES = Variant("images_repeat", ((2, 3, 4), (2, 5, 2), (2, 3, 4), (2, 1, 1), (2, 5, 2)), (1, 2))
+ONE = Variant("one_image", ((3, 4, 6),), (1, 2))
+SEQ = Variant("signals", ((3, 4), (3, 7), (3, 1)), (1,))  # (C, L_i): 1-d interpolation
+VOL = Variant("volumes", ((2, 2, 3, 2), (2, 1, 2, 3)), (1, 2, 3))  # (C, D_i, H_i, W_i)
+
+CASES = [
+    (IMAGES, dict(scale_factor=2, mode="nearest")),
+    (IMAGES, dict(scale_factor=(1.5, 1.3), mode="nearest-exact")),
+    ("image", dict(scale_factor=(0.6, 0.4), mode="nearest")),
+    (IMAGES, dict(scale_factor=2.5, mode="bilinear", align_corners=True)),
+    ("image", dict(scale_factor=0.5, mode="bilinear", antialias=True)),
+    (IMAGES, dict(size=(4, 3), mode="bicubic")),
+    (IMAGES, dict(size=(2, 2), mode="bicubic", antialias=True, align_corners=False)),
+    (IMAGES, dict(size=3, mode="area")),
+    (IMAGES, dict(scale_factor=1.7, mode="bilinear", recompute_scale_factor=True)),
+    ("image", dict(scale_factor=3, mode="bicubic", align_corners=True)),
+    (ONE, dict(size=(5, 5), mode="bilinear")),
+    (SEQ, dict(scale_factor=2, mode="linear")),
+    (VOL, dict(scale_factor=2, mode="trilinear")),
+]
+
+
+@pytest.mark.parametrize("v, kw", CASES, ids=[f"{v if isinstance(v, str) else v.name}-{i}" for i, (v, kw) in enumerate(CASES)])
+def test_interpolate(v, kw):
+    check_op(lambda x: F.interpolate(x, **kw), v, atol=1e-5, rtol=1e-5)
+
+
+def test_upsample_module():
+    check_op(torch.nn.Upsample(scale_factor=2, mode="bilinear"), IMAGES, atol=1e-5, rtol=1e-5)
+
+
+SHAPES = [(2, 3, 4), (2, 5, 2), (2, 3, 4), (2, 1, 1)]
+TARGETS = [(6, 2), (5, 2), (1, 9), (3, 3)]
+
+
+def _check_targets(size_arg, targets=TARGETS, **kw):
+    nt, dense = leaves(SHAPES, seed=3)
+    out = F.interpolate(nt, size=size_arg, **kw)
+    refs = [F.interpolate(d[None], size=t, **kw)[0] for d, t in zip(dense, targets)]
+    assert_close_samples(out, refs, atol=1e-5, rtol=1e-5)
+    cot = [torch.randn(r.shape) for r in refs]
+    out.backward(padless.from_list(cot, ragged_dims=(1, 2)))
+    torch.autograd.backward(refs, cot)
+    assert_close_samples(nt.grad, [d.grad for d in dense], what="gradient", atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_interpolate_per_image_list(mode):
+    _check_targets(TARGETS, mode=mode)
+
+
+def test_interpolate_per_image_tensor_and_antialias():
+    _check_targets(torch.tensor(TARGETS), mode="bilinear", antialias=True)
+
+
+def test_interpolate_size_like_nested():
+    """size=other: every image resized to the (H, W) of the same sample of other (e.g. labels)."""
+    labels = padless.from_list([torch.zeros(h, w, dtype=torch.long) for h, w in TARGETS])
+    _check_targets(labels, mode="bilinear", align_corners=True)
+
+
+def test_interpolate_groups_equal_sizes():
+    nt, _ = leaves(SHAPES)
+    groups = shape_groups(nt, "interpolate")
+    assert [ids for _, _, ids, _ in groups] == [[0, 2], [1], [3]]
+
+
+def test_interpolate_gradcheck_float64():
+    nt, dense = leaves([(1, 2, 3), (1, 3, 2), (1, 2, 3)], dtype=torch.float64)
+    offsets, sizes = nt.offsets(), nt.sizes()
+
+    def f(vals):
+        x = padless.from_values(vals, sizes=sizes, ragged_dims=(1, 2))
+        return F.interpolate(x, scale_factor=1.5, mode="bicubic", antialias=True).values()
+
+    assert offsets.tolist() == [0, 6, 12, 18]
+    torch.autograd.gradcheck(f, (nt.values().detach().clone().requires_grad_(),))
+
+
+def test_interpolate_empty_image_names_it():
+    x = padless.from_list([torch.randn(2, 3, 3), torch.randn(2, 0, 4)])
+    with pytest.raises(RuntimeError, match=r"interpolate\(\): sample 1 of shape \(2, 0, 4\): Input and output sizes should be greater than 0"):
+        F.interpolate(x, scale_factor=2)
+    with pytest.raises(RuntimeError, match=r"interpolate\(\): sample 0 of shape \(2, 3, 3\): .*output \(H: 0, W: 0\)"):
+        F.interpolate(x, scale_factor=0.2)
+
+
+def test_interpolate_errors():
+    nt, _ = leaves(SHAPES)
+    with pytest.raises(ValueError, match=r"interpolate\(\): size lists 2 per-image targets for a batch of 4 images"):
+        F.interpolate(nt, size=[(2, 2), (3, 3)])
+    with pytest.raises(ValueError, match=r"interpolate\(\): the target size of image 1 is \(3,\); it needs 2 entries"):
+        F.interpolate(nt, size=[(2, 2), (3,), (1, 1), (1, 1)])
+    with pytest.raises(TypeError, match=r"interpolate\(\): size must hold ints, got 2.5"):
+        F.interpolate(nt, size=[(2, 2.5), (3, 3), (1, 1), (1, 1)])
+    with pytest.raises(ValueError, match=r"interpolate\(\): a tensor size must be a CPU int tensor \(B, 2\) = \(4, 2\)"):
+        F.interpolate(nt, size=torch.ones(3, 2, dtype=torch.long))
+    with pytest.raises(padless.StructureError, match=r"interpolate\(\): size is a NestedTensor of 1 samples, the input has 4"):
+        F.interpolate(nt, size=padless.from_list([torch.zeros(2, 2)]))
+    with pytest.raises(ValueError, match=r"interpolate\(\): only one of size or scale_factor should be defined"):
+        F.interpolate(nt, size=TARGETS, scale_factor=2)
+    seq, _ = leaves([(3,), (4,)])
+    with pytest.raises(ValueError, match=r"interpolate\(\): samples must be \(C, \*spatial\) with 1 to 3 spatial dims"):
+        F.interpolate(seq, scale_factor=2)
