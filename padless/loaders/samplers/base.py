@@ -22,7 +22,7 @@ number of batches your loop actually finished: ``state_dict(batches_done=step)``
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 from torch.utils.data import Sampler
@@ -58,6 +58,7 @@ class BatchSamplerBase(Sampler[list[int]]):
         self._done = 0
         self._restart_on_iter = True
         self._cache: tuple[int, list[list[int]]] | None = None
+        self._global_cache: tuple[int, list[list[int]]] | None = None
 
     # ------------------------------------------------------------------ subclass hook
 
@@ -81,12 +82,38 @@ class BatchSamplerBase(Sampler[list[int]]):
         epoch = self.epoch if epoch is None else epoch
         if self._cache is not None and self._cache[0] == epoch:
             return self._cache[1]
-        rng = np.random.default_rng([self.seed, epoch])
-        glob = self.epoch_batches(rng)
-        glob = _balance(glob, self.world_size, self.drop_last, type(self).__name__)
-        mine = [[int(i) for i in b] for b in glob[self.rank :: self.world_size]]
+        mine = [[int(i) for i in b] for b in self.global_batches(epoch)[self.rank :: self.world_size]]
         self._cache = (epoch, mine)
         return mine
+
+    def global_batches(self, epoch: int | None = None) -> list[list[int]]:
+        """Every rank's batches of ``epoch``, interleaved: step ``s`` of rank ``r`` is entry ``s * world_size + r``.
+
+        Every rank computes the same list from ``(seed, epoch)`` alone, with no
+        communication; this is what lets a rank know the other ranks' batches (see
+        :meth:`step_batches`)."""
+        epoch = self.epoch if epoch is None else epoch
+        if self._global_cache is not None and self._global_cache[0] == epoch:
+            return self._global_cache[1]
+        rng = np.random.default_rng([self.seed, epoch])
+        glob = _balance(self.epoch_batches(rng), self.world_size, self.drop_last, type(self).__name__)
+        self._global_cache = (epoch, glob)
+        return glob
+
+    def step_batches(self, step: int, epoch: int | None = None) -> list[list[int]]:
+        """The batch every rank takes at ``step`` of ``epoch`` (rank order), computed locally.
+
+        >>> from padless.loaders import BudgetBatchSampler, TokenBudget
+        >>> r0 = BudgetBatchSampler([5, 3, 8, 2], TokenBudget(8), shuffle=False, rank=0, world_size=2)
+        >>> r1 = BudgetBatchSampler([5, 3, 8, 2], TokenBudget(8), shuffle=False, rank=1, world_size=2)
+        >>> r0.step_batches(0) == [r0.batches()[0], r1.batches()[0]]
+        True
+        """
+        glob = self.global_batches(epoch)
+        steps = len(glob) // self.world_size
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < steps:
+            raise ValueError(f"{type(self).__name__}.step_batches: step must be an int in [0, {steps}), got {step!r}")
+        return [[int(i) for i in b] for b in glob[step * self.world_size : (step + 1) * self.world_size]]
 
     def __len__(self) -> int:
         return len(self.batches())
@@ -130,6 +157,7 @@ class BatchSamplerBase(Sampler[list[int]]):
                 )
         self.seed = int(state["seed"])
         self._cache = None
+        self._global_cache = None
         self.epoch = int(state["epoch"])
         done = int(state["batches_done"])
         if not 0 <= done <= len(self):
@@ -167,6 +195,23 @@ class SizedSamplerBase(BatchSamplerBase):
                 f"{constraint!r} ({len(over)} sample(s) are over); raise the budget, filter the sample out, "
                 f"or pass oversize='own_batch' to give each its own batch"
             )
+
+    def global_tokens(self, steps: int | Sequence[int], epoch: int | None = None) -> int:
+        """Real elements (the product of each sample's size: tokens, pixels) in every rank's
+        batches at ``steps`` (one step, or the micro-steps of one accumulated update).
+
+        This is the denominator of a loss averaged over all real tokens of a data-parallel
+        step, known on every rank without an all-reduce: see ``padless.distributed``.
+
+        >>> from padless.loaders import BudgetBatchSampler, TokenBudget
+        >>> lengths = [5, 3, 8, 2]
+        >>> s = BudgetBatchSampler(lengths, TokenBudget(8), shuffle=False, rank=0, world_size=2)
+        >>> s.global_tokens(0) == sum(lengths[i] for b in s.step_batches(0) for i in b)
+        True
+        """
+        steps = [steps] if isinstance(steps, int) else list(steps)
+        elements = self.sizes.prod(axis=1)
+        return int(sum(int(elements[i]) for s in steps for b in self.step_batches(s, epoch) for i in b))
 
 
 def next_fit(order: np.ndarray, costs: np.ndarray, constraint: Constraint) -> list[list[int]]:
