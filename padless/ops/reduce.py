@@ -73,10 +73,18 @@ def _static_only(nt: NestedTensor, vals: Tensor, static: list[int], keepdim: boo
     return restructure(nt, vals, new)
 
 
+class EmptyReductionError(ValueError, IndexError):
+    """An extreme (``amax``, ``max``, ``argmax``...) over a dim of extent 0 in some sample.
+
+    torch raises ``IndexError`` for this ("Expected reduction dim 0 to have non-zero size");
+    padless has always raised ``ValueError``: both ``except`` clauses catch it.
+    """
+
+
 def _check_nonempty(op: str, nt: NestedTensor, g: segment.Groups, ragged: list[int]) -> None:
     if g.empty_group_sample >= 0:
         i = g.empty_group_sample
-        raise ValueError(
+        raise EmptyReductionError(
             f"{op}(): sample {i} has extent 0 along reduced dim(s) {tuple(d + 1 for d in ragged)}, "
             f"and {op} of nothing is undefined (as in torch); mask or drop empty samples first"
         )

@@ -82,16 +82,16 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
         empty_sample = -1  # sizes are runtime data while tracing: no check (empty groups give NaN/-inf)
     else:
         empty_sample = _first_empty(nt.host_sizes(), keep, reduced)
-    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample)
+    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample, (nt._sizes, nt._offsets, nt._ragged, reduced))
     if not traced:
         nt._meta.derived[obj_key] = g
     return g
 
 
 def _first_empty(hs: Tensor, keep: tuple[int, ...], reduced: tuple[int, ...]) -> int:
-    per_group = hs[:, list(reduced)].prod(1)
-    out_counts = hs[:, list(keep)].prod(1) if keep else torch.ones_like(per_group)
-    bad = ((per_group == 0) & (out_counts > 0)).nonzero()
+    """First sample with extent 0 along a reduced dim. As in torch, this counts even when the
+    result is empty too (``torch.empty(0, 0).amax(0)`` raises): the reduced dim is what matters."""
+    bad = (hs[:, list(reduced)] == 0).any(1).nonzero()
     return int(bad[0, 0]) if bad.numel() else -1
 
 

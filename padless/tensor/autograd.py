@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
-from padless.tensor.core import NestedTensor, StructureMeta, static_change
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, static_change
 
 
 def _grad_values(grad: Tensor, like: NestedTensor | None = None) -> Tensor:
@@ -59,20 +59,31 @@ class _NestedView(torch.autograd.Function):
 
 
 def _conform(grad: Tensor, struct: tuple) -> Tensor:
-    """The gradient's rows in the layout of the forward output.
+    """The gradient's rows in the layout and structure of the forward output.
 
-    Autograd hands a NestedTensor input the gradient of an op's *output*; when the
-    input was stored in another order (a transposed pair), its rows are permuted.
+    Autograd hands a NestedTensor input the gradient of an op's *output*. Two cases need
+    work here: the input was stored in another order (a transposed pair: its rows are
+    permuted), or the op broadcast the input (an extent 1 met 0 or N in some sample)
+    while the padded envelopes agree, so autograd did not call ``sum_to_size``
+    (``x.unsqueeze(-1) + x.unsqueeze(-2)`` at ``N == 1``): the gradient is summed back.
     """
     values = _grad_values(grad)
     offsets, sizes, ragged, envelope, meta = struct
-    if grad._meta is meta or grad._ragged == ragged:
+    gm = grad._meta
+    if gm is meta:
         return values
-    if set(grad._ragged) != set(ragged):
-        raise RuntimeError(
-            f"padless: gradient with ragged dims {grad.ragged_dims} cannot flow into a NestedTensor with "
-            f"ragged dims {tuple(sorted(ragged))}"
-        )
+    hs, ghs = meta.host_sizes, gm.host_sizes
+    # Compared only when both host copies exist (never a sync on this path).
+    sizes_differ = hs is not None and ghs is not None and hs is not ghs and not torch.equal(hs, ghs)
+    if not sizes_differ and grad._ragged == ragged:
+        return values
+    if sizes_differ or set(grad._ragged) != set(ragged):
+        if _is_traced(values) or not set(ragged) <= set(grad._ragged):
+            raise RuntimeError(
+                f"padless: gradient with ragged dims {grad.ragged_dims} cannot flow into a NestedTensor with "
+                f"ragged dims {tuple(sorted(ragged))}"
+            )
+        return _unbroadcast(values, grad, struct)
     key = ("relayout", grad._ragged, ragged)
     idx = meta.derived.get(key)
     if idx is None:
@@ -82,6 +93,32 @@ def _conform(grad: Tensor, struct: tuple) -> Tensor:
         idx = idx.to(values.device, non_blocking=True)
         meta.derived[key] = idx
     return values.index_select(0, idx)
+
+
+def _unbroadcast(values: Tensor, grad: NestedTensor, struct: tuple) -> Tensor:
+    """Sum the gradient rows of a broadcast result back onto the rows of the input.
+
+    Every gradient row maps to the input row it was read from (an input extent of 1
+    reads coordinate 0); dims that are ragged in the gradient but static (extent 1) in
+    the input become that static dim. Rows of the input that fed no output (an extent 1
+    broadcast to 0) get zeros.
+    """
+    offsets, sizes, ragged, envelope, meta = struct
+    ths = meta.host_sizes if meta.host_sizes is not None else sizes.cpu()
+    tho = meta.host_offsets if meta.host_offsets is not None else offsets.cpu()
+    ghs, gho = grad.host_sizes(), grad.host_offsets()
+    sid, coords = layout.row_coords(ghs, gho, grad._ragged, values.shape[0])
+    idx = layout.source_rows(sid, dict(zip(grad._ragged, coords)), ths, tho, ragged)
+    g = values
+    t_static = layout.static_dims(ths.shape[1], ragged)
+    for j, d in enumerate(t_static):
+        if d in grad._ragged:
+            g = g.unsqueeze(1 + j)
+    red = [1 + j for j, d in enumerate(t_static) if int(envelope[d]) == 1 and g.shape[1 + j] != 1]
+    if red:
+        g = g.sum(red, keepdim=True)
+    out = g.new_zeros((int(tho[-1]), *g.shape[1:]))
+    return out.index_add(0, idx.to(g.device), g)
 
 
 def _apply(fn: type[torch.autograd.Function], *args):
@@ -122,3 +159,56 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
     if values.requires_grad and torch.is_grad_enabled():
         return _apply(_NestedView, values, like._offsets, sizes, like._ragged, env, meta)
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+
+
+def guard_broadcast(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Give every NestedTensor operand of a broadcasting elementwise call a gradient checkpoint.
+
+    When the operands' structures differ the op broadcasts some of them sample by sample
+    (an extent 1 meeting 0 or N). Autograd only knows padded envelopes: where they agree it
+    would hand each operand the gradient in the *result's* structure (even to a leaf), and
+    where they differ without being expandable (``(3, 2)`` against ``(3, 4)`` when a sample
+    broadcasts 1 to 4) it would refuse the gradient. So each operand that needs a gradient
+    is seen by the op through an identity view whose ragged envelope is the result's; the
+    view's backward (:func:`_conform`) sums the result's gradient back onto
+    the operand's own rows. Operands of one shared structure (the common case) are returned
+    untouched after an identity test.
+    """
+    nts = [a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor)]
+    if len(nts) < 2:
+        return args, kwargs
+    ref = nts[0]
+    from padless.tensor.core import _structure_mismatch
+
+    if all(n._meta is ref._meta or _structure_mismatch(ref, n) is None for n in nts[1:]):
+        return args, kwargs
+    ndim, b = ref.sample_dim, ref.batch_size
+    if any(n.sample_dim != ndim or n.batch_size != b for n in nts):
+        return args, kwargs  # the op itself names the mismatch
+    out = nts[0].host_sizes()
+    for n in nts[1:]:
+        out = torch.where(out == 1, n.host_sizes(), out)  # torch's rule, sample by sample
+    result_env = out.amax(0).tolist() if b else [0] * ndim
+
+    def guard(a):
+        if not (isinstance(a, NestedTensor) and a.requires_grad):
+            return a
+        env = tuple(result_env[d] if d in a._ragged else a._env[d] for d in range(ndim))
+        return _apply(_NestedView, values_of(a), a._offsets, a._sizes, a._ragged, env, a._meta)
+
+    return tuple(guard(a) for a in args), {k: guard(a) for k, a in kwargs.items()}
+
+
+def split_rows(values: Tensor, offsets: Sequence[int]) -> tuple[Tensor, ...]:
+    """Rows of every sample, ``values[offsets[i]:offsets[i + 1]]`` (host offsets, no sync).
+
+    Per-sample loops take their samples through this instead of slicing ``values`` once
+    per sample: autograd's backward of a slice allocates a zero gradient the size of the
+    *whole* buffer and adds the sample into it (B slices: O(B x T) of ``fill_``/``add_``),
+    while the backward of one split is one concatenation of the per-sample gradients: O(T).
+    ``offsets`` start at 0 and end at ``values.shape[0]``.
+    """
+    if len(offsets) <= 1:
+        return ()
+    counts = [offsets[i + 1] - offsets[i] for i in range(len(offsets) - 1)]
+    return torch.split(values, counts)

@@ -176,8 +176,12 @@ class NestedTensor(Tensor):
             if handler is not None:
                 return handler(func, *args, **kwargs)
             fast = FAST_POINTWISE.get(func)
-            if fast is not None and not _needs_grad(args, kwargs) and not torch.compiler.is_compiling():
-                return fast(func, args, kwargs)
+            if fast is not None and not torch.compiler.is_compiling():
+                if not _needs_grad(args, kwargs):
+                    return fast(func, args, kwargs)
+                from padless.tensor.autograd import guard_broadcast
+
+                args, kwargs = guard_broadcast(args, kwargs)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
                 return func(*args, **kwargs)

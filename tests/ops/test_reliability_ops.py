@@ -1,0 +1,82 @@
+"""Issue 13, op side: gradients of broadcasts at extent 1 (item 3), extremes over an empty
+ragged dim (item 9), and the bounded broadcast-plan cache (item 5)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import padless
+from padless.testing import check_samples, leaves
+
+# ---------------------------------------------------------------------------- item 3: extent 1
+
+
+def _square(x):
+    return x.unsqueeze(-1) + x.unsqueeze(-2)
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[1], [1, 1, 1], [0, 0], [1, 0, 1], [0], [3, 1]],
+    ids=["one_sample_len1", "all_ones", "all_zeros", "ones_and_zeros", "one_empty", "mixed"],
+)
+def test_square_pair_backward_at_extent_one(lengths):
+    # Failed before: "gradient with ragged dims (0, 1) cannot flow into ... (1,)"
+    check_samples(_square, _square, [leaves([(n,) for n in lengths], seed=1)])
+
+
+@pytest.mark.parametrize("channels", [False, True])
+def test_rect_pair_backward_when_other_operand_is_all_ones(channels):
+    tail = (2,) if channels else ()
+    x = leaves([(3, *tail), (2, *tail), (0, *tail)], seed=2)
+    y = leaves([(1, *tail), (1, *tail), (1, *tail)], seed=3, ragged=(0,))
+    if channels:
+        fn = lambda a, b: a.unsqueeze(2) * b.unsqueeze(1)  # noqa: E731  (N,1,C) * (1,M,C)
+        ref = lambda a, b: a.unsqueeze(1) * b.unsqueeze(0)  # noqa: E731
+    else:
+        fn = lambda a, b: a.unsqueeze(-1) + b.unsqueeze(-2)  # noqa: E731
+        ref = fn
+    check_samples(fn, ref, [x, y])
+
+
+def test_per_sample_broadcast_one_against_n_reaches_leaves():
+    # Before: x.grad had y's 5 rows for x's 4 (envelopes agree, so autograd skipped sum_to_size)
+    x = leaves([(3, 2), (1, 2)], seed=4)
+    y = leaves([(3, 2), (2, 2)], seed=5)
+    check_samples(torch.add, torch.add, [x, y])
+
+
+def test_per_sample_broadcast_one_against_zero_reaches_leaves():
+    # Before: x.grad had 1 row for x's 2 and held y's values
+    x = leaves([(1, 2), (1, 2)], seed=6)
+    y = leaves([(1, 2), (0, 2)], seed=7)
+    check_samples(torch.mul, torch.mul, [x, y])
+
+
+def test_per_sample_broadcast_through_an_intermediate():
+    x = leaves([(1, 3), (1, 3), (2, 3)], seed=8)
+    y = leaves([(4, 3), (0, 3), (2, 3)], seed=9)
+    fn = lambda a, b: (a * 2).tanh() - b.sin()  # noqa: E731
+    check_samples(fn, fn, [x, y])
+
+
+# ---------------------------------------------------------------------------- item 9: empty extremes
+
+
+@pytest.mark.parametrize("op", ["amax", "amin"])
+@pytest.mark.parametrize("dim", [1, 2])
+def test_extreme_over_empty_ragged_dim_of_zero_by_zero_sample_raises(op, dim):
+    x = padless.from_list([torch.zeros(0, 0), torch.ones(2, 3)], ragged_dims=(0, 1))
+    with pytest.raises(IndexError):
+        getattr(torch.empty(0, 0), op)(dim=dim - 1)  # torch's own rule
+    with pytest.raises(IndexError, match=rf"{op}\(\): sample 0 has extent 0 along reduced dim\(s\) \({dim},\)"):
+        getattr(x, op)(dim=dim)
+    with pytest.raises(ValueError, match="undefined"):  # padless's historical type still catches it
+        getattr(x, op)(dim=dim)
+
+
+def test_extreme_over_nonempty_ragged_dim_keeps_working_beside_empty_samples():
+    x = padless.from_list([torch.zeros(2, 0), torch.ones(2, 3)], ragged_dims=(0, 1))
+    out = x.amax(dim=1)  # torch: (2, 0).amax(0) is a (0,) tensor
+    assert [tuple(s.shape) for s in out.unbind()] == [(0,), (3,)]
