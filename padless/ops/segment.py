@@ -82,7 +82,7 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
         empty_sample = -1  # sizes are runtime data while tracing: no check (empty groups give NaN/-inf)
     else:
         empty_sample = _first_empty(nt.host_sizes(), keep, reduced)
-    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample, (nt._sizes, nt._offsets, nt._ragged, reduced))
+    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample)
     if not traced:
         nt._meta.derived[obj_key] = g
     return g
