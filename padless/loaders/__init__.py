@@ -1,7 +1,7 @@
 """Dataset readers and batch samplers for variable-size data.
 
 Readers yield samples at their native size (dicts of tensors, images as
-``(C, H, W)`` uint8) for the collator to pack; samplers choose which samples
+``(C, H, W)`` uint8 channel-last views of the decoded pixels) for the collator to pack; samplers choose which samples
 share a batch. Optional packages (pillow, webdataset, datasets) are imported
 only when a reader needs them (``pip install 'padless[loaders]'``).
 
@@ -13,7 +13,11 @@ only when a reader needs them (``pip install 'padless[loaders]'``).
 * readers: :class:`WebDatasetReader` (tar shards), :class:`HFDatasetReader`
   (Hugging Face ``datasets``), :class:`ImageFolder`;
 * streams: :class:`StreamingBucketer`, :class:`BucketedStream`, :class:`Shuffle`;
-* errors: :class:`SkipAndWarn` (default), :func:`raise_error`, :class:`SampleError`.
+* transforms (the readers' ``transform=`` hook): :class:`Normalize`,
+  :func:`resize_to_budget` / :func:`budget_size`, :class:`Compose`;
+* errors: :class:`SkipAndWarn` (default), :func:`raise_error`, :class:`SampleError`;
+  shards that end early reach the handler as :class:`TruncatedShardError`, images
+  over ``max_pixels`` as :class:`ImageTooLargeError`.
 
 >>> from padless.loaders import BudgetBatchSampler, TokenBudget
 >>> lengths = [30, 5, 17, 40, 8, 22]
@@ -35,9 +39,11 @@ from padless.loaders.distributed import Consumer, current_consumer, rank_and_wor
 from padless.loaders.errors import SampleError, SkipAndWarn, raise_error, skip_silently
 from padless.loaders.hf import HFDatasetReader
 from padless.loaders.image_folder import ImageFolder
-from padless.loaders.images import decode_image, target_size
+from padless.loaders.images import DEFAULT_MAX_PIXELS, ImageTooLargeError, decode_image, target_size
 from padless.loaders.samplers import BatchSamplerBase, BucketBatchSampler, BudgetBatchSampler, RandomBatchSampler
 from padless.loaders.streaming import BucketedStream, Shuffle, StreamingBucketer, fixed_length, shuffle_buffer
+from padless.loaders.tarstream import TrailingDataError, TruncatedShardError
+from padless.loaders.transforms import Compose, FieldTransforms, Normalize, budget_size, resize_to_budget
 from padless.loaders.webdataset import WebDatasetReader
 
 __all__ = [
@@ -45,6 +51,11 @@ __all__ = [
     "BatchSize",
     "BucketBatchSampler",
     "BucketedStream",
+    "Compose",
+    "DEFAULT_MAX_PIXELS",
+    "FieldTransforms",
+    "ImageTooLargeError",
+    "Normalize",
     "BudgetBatchSampler",
     "Constraint",
     "Consumer",
@@ -59,13 +70,17 @@ __all__ = [
     "SkipAndWarn",
     "StreamingBucketer",
     "TokenBudget",
+    "TrailingDataError",
+    "TruncatedShardError",
     "WebDatasetReader",
     "as_sizes",
+    "budget_size",
     "current_consumer",
     "decode_image",
     "fixed_length",
     "raise_error",
     "rank_and_world_size",
+    "resize_to_budget",
     "shuffle_buffer",
     "skip_silently",
     "target_size",

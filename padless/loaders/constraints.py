@@ -21,6 +21,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import torch
 
+INT64_MAX = int(np.iinfo(np.int64).max)
+
 
 def as_sizes(sizes: Any, what: str = "sizes") -> np.ndarray:
     """Normalise per-sample sizes to an int64 array ``(N, k)``.
@@ -39,6 +41,10 @@ def as_sizes(sizes: Any, what: str = "sizes") -> np.ndarray:
     except ValueError as e:  # ragged nesting
         raise ValueError(f"{what}: every sample needs a size of the same rank ({e})") from None
     if arr.dtype == object:
+        if arr.ndim in (1, 2) and arr.size and all(isinstance(v, (int, np.integer)) for v in arr.flat):
+            rows = [tuple(int(v) for v in r) for r in arr.reshape(len(arr), -1)]
+            i = next((i for i, r in enumerate(rows) if any(abs(v) > INT64_MAX for v in r)), 0)
+            raise ValueError(f"{what}: sample {i} has a size {rows[i]} past the int64 range; the size is likely wrong")
         raise ValueError(f"{what}: every sample needs a size of the same rank (got mixed tuples)")
     if arr.ndim == 1:
         arr = arr[:, None]
@@ -47,11 +53,37 @@ def as_sizes(sizes: Any, what: str = "sizes") -> np.ndarray:
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
         if not np.all(np.equal(np.mod(arr, 1), 0)):
             raise ValueError(f"{what}: sizes must be whole numbers, got dtype {arr.dtype}")
+    in_range = arr < 2.0**63 if np.issubdtype(arr.dtype, np.floating) else arr <= INT64_MAX
+    if arr.size and not np.all(in_range):
+        i = int(np.argwhere(~in_range)[0, 0])
+        raise ValueError(f"{what}: sample {i} has a size {tuple(arr[i].tolist())} past the int64 range; the size is likely wrong")
     arr = arr.astype(np.int64)
     if arr.size and arr.min() < 0:
         i = int(np.argwhere(arr < 0)[0, 0])
         raise ValueError(f"{what}: sample {i} has a negative size {tuple(arr[i].tolist())}")
     return arr
+
+
+def element_counts(sizes: np.ndarray, what: str) -> np.ndarray:
+    """The number of elements of each sample (the product of its size), int64, refusing a product
+    past the int64 range instead of wrapping it into a small number.
+
+    >>> element_counts(as_sizes([(3, 4), (0, 9)]), "TokenBudget").tolist()
+    [12, 0]
+    >>> element_counts(as_sizes([(2, 3), (2**32, 2**32)]), "TokenBudget")
+    Traceback (most recent call last):
+    ...
+    ValueError: TokenBudget: sample 1 (size (4294967296, 4294967296)) has 18446744073709551616 elements, past the int64 range (2**63 - 1); the size is likely wrong
+    """
+    approx = sizes.astype(np.float64).prod(axis=1)  # no wrap-around; close enough to find suspects
+    for i in np.flatnonzero(approx >= 2.0**62).tolist():
+        n = math.prod(sizes[i].tolist())  # exact
+        if n > INT64_MAX:
+            raise ValueError(
+                f"{what}: sample {i} (size {tuple(sizes[i].tolist())}) has {n} elements, past the int64 range "
+                "(2**63 - 1); the size is likely wrong"
+            )
+    return sizes.prod(axis=1)
 
 
 class Constraint:
@@ -109,7 +141,7 @@ class TokenBudget(Constraint):
     """
 
     def costs(self, sizes: np.ndarray) -> np.ndarray:
-        return sizes.prod(axis=1).astype(np.float64)
+        return element_counts(sizes, type(self).__name__).astype(np.float64)
 
 
 class PixelBudget(TokenBudget):
@@ -131,7 +163,7 @@ class PixelBudget(TokenBudget):
         hw = sizes[:, -2:]
         if self.patch_size:
             hw = -(-hw // self.patch_size)
-        return hw.prod(axis=1).astype(np.float64)
+        return element_counts(hw, "PixelBudget").astype(np.float64)
 
 
 class PairBudget(Constraint):
@@ -142,7 +174,7 @@ class PairBudget(Constraint):
     """
 
     def costs(self, sizes: np.ndarray) -> np.ndarray:
-        n = sizes.prod(axis=1).astype(np.float64)
+        n = element_counts(sizes, "PairBudget").astype(np.float64)
         return n * n
 
 
@@ -186,7 +218,7 @@ def check_costs(costs: np.ndarray, constraint: Constraint, what: str) -> None:
 def bucket_keys(sizes: np.ndarray, key: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """The scalar each sample is bucketed by: the number of elements, or ``key(sizes)``."""
     if key is None:
-        return sizes.prod(axis=1).astype(np.float64)
+        return element_counts(sizes, "bucket key").astype(np.float64)
     out = np.asarray(key(sizes), dtype=np.float64)
     if out.shape != (len(sizes),):
         raise ValueError(f"bucket key: key(sizes) must return one number per sample, shape ({len(sizes)},); got {out.shape}")

@@ -15,7 +15,9 @@ indices: one arrow ``take`` per batch, list columns split into per-sample
 tensors from the arrow offsets (no per-row Python conversion). Pass
 ``reader.lengths()`` to a sampler; it is computed once from the arrow list
 lengths (or read from ``length_column``) and cached in memory and, for a
-dataset backed by files, next to its cache files. The reader pickles, so it
+dataset backed by files, next to its cache files, in a file named after the
+dataset's fingerprint and length (a cache file of the wrong size or type is
+ignored and rewritten). The reader pickles, so it
 works with ``num_workers > 0``.
 """
 
@@ -29,6 +31,7 @@ import torch
 from torch import Tensor
 
 from padless.loaders._deps import require
+from padless.loaders.transforms import Transform, apply_transform, sample_transform
 
 
 class HFDatasetReader(torch.utils.data.Dataset):
@@ -42,6 +45,10 @@ class HFDatasetReader(torch.utils.data.Dataset):
         lengths_of: the list column that defines a sample's length (default: the first list column).
         dtypes: optional ``{column: torch.dtype}`` casts (e.g. ``{"input_ids": torch.int64}``).
         cache_lengths: also save the lengths as ``.npy`` beside the dataset's cache files.
+        transform: applied to each sample dict in ``__getitems__`` (in the worker): a
+            function of the sample, or ``{column: function}``. ``lengths()`` are the
+            lengths before it: a transform that changes lengths must keep the sampler's
+            budget true (e.g. only truncate).
     """
 
     def __init__(
@@ -53,6 +60,7 @@ class HFDatasetReader(torch.utils.data.Dataset):
         lengths_of: str | None = None,
         dtypes: dict[str, torch.dtype] | None = None,
         cache_lengths: bool = True,
+        transform: Transform | None = None,
     ) -> None:
         datasets = require("datasets", "padless.loaders.hf")
         if isinstance(dataset, datasets.DatasetDict):
@@ -72,6 +80,7 @@ class HFDatasetReader(torch.utils.data.Dataset):
         self.lengths_of = lengths_of
         self.dtypes = dict(dtypes or {})
         self.cache_lengths = cache_lengths
+        self.transform = sample_transform(transform, "HFDatasetReader")
         self._lengths: np.ndarray | None = None
 
     def __len__(self) -> int:
@@ -96,6 +105,8 @@ class HFDatasetReader(torch.utils.data.Dataset):
                 vals = [v.to(self.dtypes[c]) if isinstance(v, Tensor) else torch.tensor(v, dtype=self.dtypes[c]) for v in vals]
             for i in range(n):
                 out[i][c] = vals[i]
+        if self.transform is not None:
+            out = [apply_transform(self.transform, s, f"sample {int(i)}") for s, i in zip(out, indices)]
         return out
 
     # ------------------------------------------------------------------ lengths
@@ -106,9 +117,10 @@ class HFDatasetReader(torch.utils.data.Dataset):
             return self._lengths
         source = self.length_column or self._length_source()
         path = self._cache_path(source)
-        if path is not None and os.path.exists(path):
-            self._lengths = np.load(path, allow_pickle=False)
-            return self._lengths
+        cached = load_lengths(path, len(self.dataset)) if path is not None else None
+        if cached is not None:
+            self._lengths = cached
+            return cached
         pc = require("pyarrow.compute", "padless.loaders.hf")
         col = self.dataset.with_format("arrow", columns=[source])[:].column(source)
         if self.length_column is not None:
@@ -117,10 +129,7 @@ class HFDatasetReader(torch.utils.data.Dataset):
             lengths = np.asarray(pc.list_value_length(col).to_numpy(zero_copy_only=False), dtype=np.int64)
         self._lengths = lengths
         if path is not None:
-            try:
-                np.save(path, lengths)
-            except OSError:
-                pass  # a read-only cache directory: keep the in-memory copy
+            save_lengths(path, lengths)
         return lengths
 
     def _length_source(self) -> str:
@@ -143,10 +152,42 @@ class HFDatasetReader(torch.utils.data.Dataset):
         if not self.cache_lengths or not files or fp is None:
             return None
         kind = "column" if source == self.length_column else "listlen"
-        return os.path.join(os.path.dirname(files[0]["filename"]), f"padless-lengths-{fp}-{kind}-{source}.npy")
+        n = len(self.dataset)
+        return os.path.join(os.path.dirname(files[0]["filename"]), f"padless-lengths-{fp}-{n}-{kind}-{source}.npy")
 
     def __repr__(self) -> str:
         return f"HFDatasetReader({len(self)} samples, columns={self.columns})"
+
+
+def load_lengths(path: str, n: int) -> np.ndarray | None:
+    """The cached lengths at ``path`` if the file holds exactly ``n`` non-negative int64 lengths, else ``None``.
+
+    The file name carries the dataset's fingerprint and length; the size check
+    catches a cache cut short or overwritten (it is then recomputed and rewritten).
+    """
+    if not os.path.exists(path):
+        return None
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except (OSError, ValueError, EOFError):
+        return None
+    if arr.dtype != np.int64 or arr.shape != (n,) or (n and arr.min() < 0):
+        return None
+    return arr
+
+
+def save_lengths(path: str, lengths: np.ndarray) -> None:
+    """Write the lengths cache atomically (a reader in another worker never sees half a file)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            np.save(f, lengths)
+        os.replace(tmp, path)
+    except OSError:  # a read-only cache directory: keep the in-memory copy
+        try:
+            os.remove(tmp)
+        except OSError:
+            pass
 
 
 def column_samples(col: Any, name: str, indices: Sequence[int] | None = None) -> list[Any]:

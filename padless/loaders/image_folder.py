@@ -20,7 +20,17 @@ import numpy as np
 import torch
 
 from padless.loaders.errors import ErrorHandler, SkipAndWarn
-from padless.loaders.images import IMAGE_EXTENSIONS, check_size_rules, decode_image, image_header_size, target_size
+from padless.loaders.images import (
+    DEFAULT_MAX_PIXELS,
+    IMAGE_EXTENSIONS,
+    ImageTooLargeError,
+    check_max_pixels,
+    check_size_rules,
+    decode_image,
+    image_header_size,
+    target_size,
+)
+from padless.loaders.transforms import Transform, apply_transform, sample_transform
 
 
 class ImageFolder(torch.utils.data.Dataset):
@@ -36,6 +46,12 @@ class ImageFolder(torch.utils.data.Dataset):
     count, warn once) and is left out of the dataset. A file that fails later,
     while decoding pixels, raises an error naming the file: a map-style dataset
     cannot skip an index the sampler already chose.
+
+    Images are channel-last ``(C, H, W)`` views (see :func:`padless.loaders.decode_image`).
+    A file whose header declares more than ``max_pixels`` pixels (default 8192 x 8192;
+    ``None``: no limit) goes to the handler when the dataset is built and is left out.
+    ``transform`` (a function of the sample dict, or ``{field: function}``) is applied
+    to each sample in ``__getitem__``, in the worker; ``sizes()`` are the sizes before it.
     """
 
     def __init__(
@@ -47,9 +63,12 @@ class ImageFolder(torch.utils.data.Dataset):
         image_mode: str | None = "RGB",
         max_side: int | None = None,
         multiple_of: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        transform: Transform | None = None,
         handler: ErrorHandler | Callable[..., None] | None = None,
     ) -> None:
         check_size_rules(max_side, multiple_of, "ImageFolder")
+        check_max_pixels(max_pixels, "ImageFolder")
         root = os.fspath(root)
         if not os.path.isdir(root):
             raise FileNotFoundError(f"ImageFolder: {root!r} is not a directory")
@@ -57,6 +76,8 @@ class ImageFolder(torch.utils.data.Dataset):
         self.image_mode = image_mode
         self.max_side = max_side
         self.multiple_of = multiple_of
+        self.max_pixels = max_pixels
+        self.transform = sample_transform(transform, "ImageFolder")
         self.handler = handler if handler is not None else SkipAndWarn()
         exts = tuple("." + e.lower().lstrip(".") for e in extensions)
         found: list[tuple[str, int]] = []
@@ -77,6 +98,11 @@ class ImageFolder(torch.utils.data.Dataset):
         for p, c in found:
             try:
                 h, w = image_header_size(p)
+                if max_pixels is not None and h * w > max_pixels:
+                    raise ImageTooLargeError(
+                        f"ImageFolder: the image is {w}x{h} ({h * w} pixels) by its header, over max_pixels={max_pixels}; "
+                        "it is left out (pass a larger max_pixels=, or None for no limit)"
+                    )
             except Exception as e:  # noqa: BLE001 (the handler decides)
                 self.handler(e, shard=root, key=os.path.relpath(p, root))
                 continue
@@ -100,12 +126,16 @@ class ImageFolder(torch.utils.data.Dataset):
             raise IndexError(f"ImageFolder: index {index!r} is out of range for {n} images")
         p = self.paths[index]
         try:
-            img = decode_image(p, mode=self.image_mode, max_side=self.max_side, multiple_of=self.multiple_of)
+            img = decode_image(
+                p, mode=self.image_mode, max_side=self.max_side, multiple_of=self.multiple_of, max_pixels=self.max_pixels
+            )
         except Exception as e:  # noqa: BLE001
             raise RuntimeError(f"ImageFolder: cannot decode {p!r} (index {index}): {type(e).__name__}: {e}") from e
         out: dict[str, Any] = {"image": img, "path": p}
         if self.labels:
             out["label"] = self.targets[index]
+        if self.transform is not None:
+            return apply_transform(self.transform, out, f"{p!r} (index {index})")
         return out
 
     def __repr__(self) -> str:

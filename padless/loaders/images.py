@@ -1,8 +1,10 @@
-"""Image decoding at native resolution: bytes -> ``(C, H, W)`` uint8 tensor, with optional size rules."""
+"""Image decoding at native resolution: bytes -> ``(C, H, W)`` uint8 tensor (a channel-last view of the
+decoder's pixels), with optional size rules and a pixel limit read from the header."""
 
 from __future__ import annotations
 
 import io
+import warnings
 from typing import Any
 
 import numpy as np
@@ -12,6 +14,7 @@ from torch import Tensor
 from padless.loaders._deps import require
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
+DEFAULT_MAX_PIXELS = 8192 * 8192  # 67,108,864 pixels: 192 MiB as RGB uint8; larger images are refused
 
 
 def target_size(h: int, w: int, *, max_side: int | None = None, multiple_of: int | None = None) -> tuple[int, int]:
@@ -42,12 +45,31 @@ def check_size_rules(max_side: int | None, multiple_of: int | None, what: str) -
         raise ValueError(f"{what}: max_side={max_side} is smaller than multiple_of={multiple_of}")
 
 
+def check_max_pixels(max_pixels: int | None, what: str) -> None:
+    if max_pixels is not None and (isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1):
+        raise ValueError(f"{what}: max_pixels must be an int >= 1 or None (no limit), got {max_pixels!r}")
+
+
+class ImageTooLargeError(ValueError):
+    """An image whose header declares more pixels than ``max_pixels`` (refused before decoding)."""
+
+
 def pil_to_tensor(img: Any) -> Tensor:
-    """A PIL image as ``(C, H, W)`` uint8 (16-bit and float modes keep their dtype)."""
-    arr = np.asarray(img)
+    """A PIL image as a ``(C, H, W)`` tensor that is a view of the decoder's ``(H, W, C)`` pixels.
+
+    The strides are channel-last (``stride(0) == 1``): no transpose copy is made, and
+    the collator packs such an image into its ``(H*W, C)`` rows with a plain memory
+    copy. 8-bit modes give uint8; 16-bit and float modes keep their dtype.
+
+    >>> from PIL import Image
+    >>> t = pil_to_tensor(Image.new("RGB", (4, 2)))
+    >>> tuple(t.shape), t.stride(), t.permute(1, 2, 0).is_contiguous()
+    ((3, 2, 4), (1, 12, 3), True)
+    """
+    arr = np.array(img)  # one copy out of Pillow, writable
     if arr.ndim == 2:
         arr = arr[:, :, None]
-    return torch.from_numpy(np.array(arr.transpose(2, 0, 1), order="C", copy=True))
+    return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 def decode_image(
@@ -56,24 +78,54 @@ def decode_image(
     mode: str | None = "RGB",
     max_side: int | None = None,
     multiple_of: int | None = None,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> Tensor:
     """Decode image bytes (or an open file / path) to ``(C, H, W)``, native size unless a rule resizes it.
+
+    The result is a channel-last view of the decoded ``(H, W, C)`` pixels (see
+    :func:`pil_to_tensor`); call ``.contiguous()`` for ``(C, H, W)`` strides.
+
+    Decompression bombs: the size is read from the header first, and an image of
+    more than ``max_pixels`` pixels (default ``DEFAULT_MAX_PIXELS``, 8192 x 8192,
+    192 MiB as RGB) raises :class:`ImageTooLargeError` before any pixel is decoded
+    (readers send it to their error handler). ``None`` removes the limit
+    (Pillow's own limit, ``PIL.Image.MAX_IMAGE_PIXELS``, still applies).
+
+    A JPEG that ``max_side`` shrinks by 2x or more is decoded at a reduced scale
+    (1/2, 1/4 or 1/8, Pillow's ``draft``; at least the target size), then resized:
+    a large photo never exists in memory at full size. Its pixels differ slightly
+    from a full decode followed by the resize.
 
     >>> from padless.loaders.synthetic import image_bytes
     >>> decode_image(image_bytes(20, 30, "png")).shape
     torch.Size([3, 20, 30])
     >>> decode_image(image_bytes(20, 30, "jpg"), max_side=15, multiple_of=5).shape
     torch.Size([3, 10, 15])
+    >>> decode_image(image_bytes(20, 30, "png"), max_pixels=500)
+    Traceback (most recent call last):
+    ...
+    padless.loaders.images.ImageTooLargeError: decode_image: the image is 30x20 (600 pixels) by its header, over max_pixels=500; nothing was decoded (pass a larger max_pixels=, or None for no limit)
     """
     Image = require("PIL.Image", "padless.loaders image decoding")
     src = io.BytesIO(data) if isinstance(data, (bytes, bytearray, memoryview)) else data
-    with Image.open(src) as img:
+    with warnings.catch_warnings():
+        if max_pixels is not None and (Image.MAX_IMAGE_PIXELS is None or max_pixels <= Image.MAX_IMAGE_PIXELS):
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our limit is the stricter one
+        opened = Image.open(src)
+    with opened as img:
+        h, w = img.height, img.width  # from the header: nothing is decoded yet
+        if max_pixels is not None and h * w > max_pixels:
+            raise ImageTooLargeError(
+                f"decode_image: the image is {w}x{h} ({h * w} pixels) by its header, over max_pixels={max_pixels}; "
+                "nothing was decoded (pass a larger max_pixels=, or None for no limit)"
+            )
+        th, tw = target_size(h, w, max_side=max_side, multiple_of=multiple_of)
+        if (th, tw) != (h, w) and img.format == "JPEG":
+            img.draft(None, (tw, th))  # decode at 1/2, 1/4 or 1/8 scale when that still covers the target
         img.load()
         if mode is not None and img.mode != mode:
             img = img.convert(mode)
-        h, w = img.height, img.width
-        th, tw = target_size(h, w, max_side=max_side, multiple_of=multiple_of)
-        if (th, tw) != (h, w):
+        if img.size != (tw, th):
             img = img.resize((tw, th), Image.Resampling.BICUBIC)
         return pil_to_tensor(img)
 

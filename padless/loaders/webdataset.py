@@ -13,8 +13,9 @@ to the first dot of the file name (``0001.jpg`` and ``0001.cls`` form sample
 (['__key__', '__shard__', 'image', 'label'], torch.uint8, 3, 0)
 
 Decoded fields: images (jpg, jpeg, png, webp, ...) become ``(C, H, W)`` uint8
-tensors at native size (``max_side`` caps the longest side, ``multiple_of``
-rounds H and W to a patch multiple); ``cls``/``index``/``id`` become ints;
+tensors at native size, channel-last views of the decoded ``(H, W, C)`` pixels
+(``max_side`` caps the longest side, ``multiple_of`` rounds H and W to a patch
+multiple, ``max_pixels`` refuses decompression bombs); ``cls``/``index``/``id`` become ints;
 ``txt``/``text`` strings; ``json`` objects; ``npy`` tensors (``allow_pickle=False``);
 ``pth`` tensors (``torch.load(weights_only=True)``). Pickled payloads
 (``pyd``, ``pickle``, ``pkl``) stay raw bytes unless ``allow_pickle=True``: unpickling
@@ -50,8 +51,10 @@ import torch
 from padless.loaders._deps import require
 from padless.loaders.distributed import current_consumer, split_for
 from padless.loaders.errors import ErrorHandler, SkipAndWarn
-from padless.loaders.images import IMAGE_EXTENSIONS, check_size_rules, decode_image
+from padless.loaders.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_max_pixels, check_size_rules, decode_image
 from padless.loaders.streaming import share, shuffle_buffer
+from padless.loaders.tarstream import TrailingDataError, TruncatedShardError, tar_members
+from padless.loaders.transforms import Transform, apply_transform, sample_transform
 
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
@@ -88,6 +91,19 @@ def open_shard(url: str) -> Any:
     return open(url, "rb")
 
 
+def ended_early(exc: BaseException, last_key: str | None) -> tarfile.ReadError:
+    """The error a handler gets for a shard that could not be read to its end."""
+    if isinstance(exc, TrailingDataError):
+        return exc
+    what = str(exc) if isinstance(exc, TruncatedShardError) else f"{type(exc).__name__}: {exc}"
+    after = f"the last complete sample is {last_key!r}" if last_key is not None else "no sample was complete"
+    err = TruncatedShardError(
+        f"{what}; {after}, the rest of the shard is lost (re-download or rewrite the shard)", getattr(exc, "offset", None)
+    )
+    err.__cause__ = exc
+    return err
+
+
 def split_key(name: str) -> tuple[str, str] | None:
     """``("dir/0001", "jpg")`` for ``dir/0001.jpg``; ``None`` for names without a field.
 
@@ -107,6 +123,11 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
             from the first extension present (a sample lacking one goes to the handler).
         image_mode: PIL mode images are converted to (``"RGB"``; ``None`` keeps the file's).
         max_side, multiple_of: optional size rules (see :func:`padless.loaders.images.target_size`).
+        max_pixels: images whose header declares more pixels go to the handler undecoded
+            (:class:`~padless.loaders.images.ImageTooLargeError`; default 8192 x 8192; ``None``: no limit).
+        transform: applied to each decoded sample in the worker: a function of the sample
+            dict, or ``{field: function}`` (see :mod:`padless.loaders.transforms`). Its
+            errors are raised (with a note naming the shard and key), not sent to the handler.
         shuffle_shards: shuffle the shard order each epoch (same order on every consumer).
         shuffle_buffer: samples held for an approximate shuffle (0: none).
         seed: base seed; the epoch (``set_epoch``), the pass and the consumer are mixed in.
@@ -128,6 +149,8 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         image_mode: str | None = "RGB",
         max_side: int | None = None,
         multiple_of: int | None = None,
+        max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        transform: Transform | None = None,
         shuffle_shards: bool = True,
         shuffle_buffer: int = 0,
         seed: int = 0,
@@ -141,6 +164,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         world_size: int | None = None,
     ) -> None:
         check_size_rules(max_side, multiple_of, "WebDatasetReader")
+        check_max_pixels(max_pixels, "WebDatasetReader")
         if epoch_samples is not None and (isinstance(epoch_samples, bool) or not isinstance(epoch_samples, int) or epoch_samples < 1):
             raise ValueError(f"WebDatasetReader: epoch_samples must be an int >= 1 or None, got {epoch_samples!r}")
         if handler is not None and not callable(handler):
@@ -150,6 +174,8 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         self.image_mode = image_mode
         self.max_side = max_side
         self.multiple_of = multiple_of
+        self.max_pixels = max_pixels
+        self.transform = sample_transform(transform, "WebDatasetReader")
         self.shuffle_shards = shuffle_shards
         self.shuffle_buffer = shuffle_buffer
         self.seed = seed
@@ -225,46 +251,53 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         return split_for(urls, consumer, by_node=self.split_by_node, by_worker=self.split_by_worker)
 
     def read_shard(self, url: str) -> Iterator[dict[str, Any]]:
-        """The decoded samples of one shard; failures go to the handler (a bad shard ends early)."""
+        """The decoded samples of one shard; failures go to the handler.
+
+        A shard that ends early (cut short, a damaged header or compressed stream;
+        see :mod:`padless.loaders.tarstream`) reaches the handler as a
+        :class:`~padless.loaders.tarstream.TruncatedShardError` naming the last
+        complete sample, with ``key`` the sample that was being read (or the last
+        complete one); the samples before it have been yielded.
+        """
         try:
             stream = open_shard(url)
         except Exception as e:  # noqa: BLE001 (the handler decides)
             self.handler(e, shard=url, key=None)
             return
         with stream:
-            try:
-                tf = tarfile.open(fileobj=stream, mode="r|*")
-            except Exception as e:  # noqa: BLE001
-                self.handler(e, shard=url, key=None)
-                return
+            members = tar_members(stream)
             cur: dict[str, bytes] = {}
             cur_key: str | None = None
-            members = iter(tf)
+            last_key: str | None = None  # the last sample whose members were all read
             while True:
                 # Only tar reading sits in a try: errors from decoding, from the handler or from
                 # the consumer of this generator must not be taken for a broken shard.
                 try:
                     m = next(members, None)
-                except Exception as e:  # noqa: BLE001 (a corrupt header: the rest of the shard is lost)
-                    self.handler(e, shard=url, key=cur_key)
+                except Exception as e:  # noqa: BLE001 (the rest of the shard is lost)
+                    # The pending sample is complete when the damage starts with another sample's member,
+                    # or after the end-of-archive marker.
+                    cut = split_key(getattr(e, "member", None) or "")
+                    nxt = cut[0] if cut is not None else None
+                    if cur_key is not None and ((nxt is not None and nxt != cur_key) or isinstance(e, TrailingDataError)):
+                        last_key = cur_key
+                        yield from self._decode_or_handle(cur, cur_key, url)
+                        cur_key = None
+                    key = nxt or cur_key or last_key
+                    self.handler(ended_early(e, last_key), shard=url, key=key)
                     return
                 if m is None:
                     break
-                parts = split_key(m.name) if m.isfile() else None
+                name, data = m
+                parts = split_key(name)
                 if parts is None:
                     continue
                 key, field = parts
                 if key != cur_key:
                     if cur_key is not None:
+                        last_key = cur_key
                         yield from self._decode_or_handle(cur, cur_key, url)
                     cur, cur_key = {}, key
-                try:
-                    data = tf.extractfile(m).read()  # type: ignore[union-attr]
-                    if len(data) != m.size:
-                        raise tarfile.ReadError(f"member {m.name!r} is truncated ({len(data)} of {m.size} bytes)")
-                except Exception as e:  # noqa: BLE001 (a truncated member: the rest of the shard is lost)
-                    self.handler(e, shard=url, key=key)
-                    return
                 cur[field.lower()] = data
             if cur_key is not None:
                 yield from self._decode_or_handle(cur, cur_key, url)
@@ -277,6 +310,8 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
             return
         sample["__key__"] = key
         sample["__shard__"] = url
+        if self.transform is not None:
+            sample = apply_transform(self.transform, sample, f"sample {key!r} of shard {url!r}")
         yield sample
 
     def decode(self, raw: dict[str, bytes]) -> dict[str, Any]:
@@ -294,7 +329,9 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
     def decode_field(self, field: str, data: bytes) -> Any:
         ext = field.rsplit(".", 1)[-1]
         if ext in IMAGE_EXTENSIONS:
-            return decode_image(data, mode=self.image_mode, max_side=self.max_side, multiple_of=self.multiple_of)
+            return decode_image(
+                data, mode=self.image_mode, max_side=self.max_side, multiple_of=self.multiple_of, max_pixels=self.max_pixels
+            )
         if ext in ("cls", "cls2", "index", "id"):
             return int(data.decode().strip())
         if ext in ("txt", "text"):

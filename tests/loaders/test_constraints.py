@@ -101,3 +101,31 @@ def test_bucket_key_can_be_user_defined() -> None:
     sizes = [(2, 50), (50, 2), (3, 3), (4, 4)]
     s = BucketBatchSampler(sizes, 2, boundaries=[10], key=lambda a: a[:, 0])  # bucket by height only
     assert s.bucket_counts() == [3, 1]
+
+
+def test_costs_that_overflow_int64_are_refused_naming_the_sample() -> None:
+    """Issue 13: a size of (2**32, 2**32) once wrapped to a cost of 0 and joined a TokenBudget(20) batch."""
+    sizes = [(3, 3), (2**32, 2**32), (2, 2)]
+    msg = r"TokenBudget: sample 1 \(size \(4294967296, 4294967296\)\) has 18446744073709551616 elements, past the int64 range"
+    with pytest.raises(ValueError, match=msg):
+        BudgetBatchSampler(sizes, TokenBudget(20), shuffle=False)
+    with pytest.raises(ValueError, match="PairBudget: sample 1 .* past the int64 range"):
+        PairBudget(20).costs(as_sizes(sizes))
+    with pytest.raises(ValueError, match="PixelBudget: sample 1 .* past the int64 range"):
+        PixelBudget(20).costs(as_sizes(sizes))
+    with pytest.raises(ValueError, match="bucket key: sample 1 .* past the int64 range"):
+        BucketBatchSampler(sizes, 2)
+    with pytest.raises(ValueError, match="TokenBudget: sample 0 .* past the int64 range"):
+        list(StreamingBucketer(lambda s: s, TokenBudget(20))([(2**40, 2**30)]))
+    # big but representable: a cost of its own, never wrapped
+    assert TokenBudget(20).costs(as_sizes([(2**31, 2**31)])).tolist() == [2.0**62]
+    assert PairBudget(20).costs(as_sizes([2**40])).tolist() == [2.0**80]
+
+
+def test_sizes_past_int64_are_refused_not_wrapped() -> None:
+    with pytest.raises(ValueError, match=r"sizes: sample 1 has a size \(1180591620717411303424,\) past the int64 range"):
+        as_sizes([3, 2**70])
+    with pytest.raises(ValueError, match=r"sizes: sample 0 has a size \(1\.1805916207174113e\+21,\) past the int64 range"):
+        as_sizes([2.0**70])
+    with pytest.raises(ValueError, match=r"sizes: sample 0 has a size \(18446744073709551615,\) past the int64 range"):
+        as_sizes(np.array([2**64 - 1], dtype=np.uint64))

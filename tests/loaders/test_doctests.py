@@ -22,6 +22,8 @@ MODULES = [
     "padless.loaders.samplers.random_batches",
     "padless.loaders.streaming",
     "padless.loaders.synthetic",
+    "padless.loaders.tarstream",
+    "padless.loaders.transforms",
     "padless.loaders.webdataset",
 ]
 

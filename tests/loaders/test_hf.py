@@ -107,3 +107,20 @@ def test_errors_name_the_fix(on_disk) -> None:
         HFDatasetReader(on_disk)[[1, 2]]  # type: ignore[index]
     with pytest.raises(TypeError, match="expected a datasets.Dataset, got dict"):
         HFDatasetReader({"x": [1]})
+
+
+def test_a_corrupt_lengths_cache_is_ignored_and_rewritten(tmp_path) -> None:
+    """Issue 13: a cache file holding [9, 9] was returned for a 5-sample dataset."""
+    ds = datasets.Dataset.from_dict({"ids": [[1] * n for n in (3, 1, 4, 1, 5)]})
+    ds.save_to_disk(str(tmp_path / "five"))
+    ds = datasets.load_from_disk(str(tmp_path / "five"))
+    reader = HFDatasetReader(ds)
+    path = reader._cache_path("ids")
+    assert path is not None and f"-{ds._fingerprint}-5-" in path
+    for bad in (np.array([9, 9]), np.array([3, 1, 4, 1, 5], dtype=np.int32), np.array([3, 1, -4, 1, 5])):
+        np.save(path, bad)
+        assert HFDatasetReader(ds).lengths().tolist() == [3, 1, 4, 1, 5]
+        assert np.load(path).tolist() == [3, 1, 4, 1, 5]  # rewritten
+    with open(path, "wb") as f:
+        f.write(b"not a numpy file")
+    assert HFDatasetReader(ds).lengths().tolist() == [3, 1, 4, 1, 5]

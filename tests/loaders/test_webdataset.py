@@ -142,7 +142,7 @@ def test_raise_option_names_shard_and_key(bad_shards) -> None:
         list(r)
     assert e.value.key == "00100002"
     r = WebDatasetReader(bad_shards[2:3], fields=FIELDS, handler=raise_error)
-    with pytest.raises(SampleError, match=r"shard-000002\.tar', sample key '00200005': ReadError"):
+    with pytest.raises(SampleError, match=r"shard-000002\.tar', sample key '00200005': TruncatedShardError: member '00200005.jpg' is truncated"):
         list(r)
 
 
