@@ -22,9 +22,10 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout as _layout
-from padless.tensor.construct import from_list, from_values
+from padless.tensor.construct import from_list, from_values, require_integer
 from padless.tensor.convert import to_padded
 from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
 
 __all__ = [
     "nested_tensor",
@@ -129,9 +130,8 @@ def nested_tensor_from_jagged(
         raise ValueError(f"nested_tensor_from_jagged(): jagged_dim={jagged_dim} is out of range for values of rank {values.dim()}")
     rows = values.movedim(r, 0) if r else values
     if offsets is not None and lengths is not None:
-        starts = offsets[:-1].to(torch.int64)
-        lengths = lengths.to(torch.int64)
-        new_off = _layout.offsets_from_counts(lengths.cpu())
+        starts, lengths = _check_holes(rows, offsets, lengths, r)
+        new_off = _layout.offsets_from_counts(lengths)
         total = int(new_off[-1])
         sid = _layout.row_sample_ids(new_off, total)
         local = torch.arange(total) - new_off[:-1].index_select(0, sid)
@@ -141,6 +141,35 @@ def nested_tensor_from_jagged(
     if offsets is not None:
         return from_values(rows, offsets, ragged_dims=(r,), max_seqlen=max_seqlen)
     return from_values(rows, lengths=lengths, ragged_dims=(r,), max_seqlen=max_seqlen)
+
+
+def _check_holes(rows: Tensor, offsets: Tensor, lengths: Tensor, r: int) -> tuple[Tensor, Tensor]:
+    """Host ``(starts, lengths)`` of a holey jagged layout, every window inside ``values``.
+
+    An out-of-range window would make the gather read outside the buffer, so each
+    sample's ``[offsets[i], offsets[i] + lengths[i])`` is checked here, on the host.
+    """
+    what = "nested_tensor_from_jagged()"
+    require_integer(offsets, "offsets", what)
+    require_integer(lengths, "lengths", what)
+    if offsets.dim() != 1 or lengths.dim() != 1 or offsets.shape[0] != lengths.shape[0] + 1:
+        raise StructureError(
+            f"{what}: offsets must be (B+1,) and lengths (B,), got shapes {tuple(offsets.shape)} and "
+            f"{tuple(lengths.shape)}"
+        )
+    starts = offsets[:-1].to(torch.int64).cpu()
+    hl = lengths.to(torch.int64).cpu()
+    n = rows.shape[0]
+    bad = (hl < 0) | (starts < 0) | (starts + hl > n)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0, 0])
+        s, ln = int(starts[i]), int(hl[i])
+        problem = f"lengths[{i}]={ln} is negative" if ln < 0 else (
+            f"its window [{s}, {s + ln}) (offsets[{i}]={s}, lengths[{i}]={ln}) lies outside values' "
+            f"{n} rows along dim {r}"
+        )
+        raise StructureError(f"{what}: sample {i}: {problem}; every window must fit inside values")
+    return starts, hl
 
 
 def narrow(tensor: Tensor, dim: int, start, length, layout=torch.strided) -> NestedTensor:

@@ -311,11 +311,36 @@ def from_padded(
 # ---------------------------------------------------------------------------- from packed values
 
 
+def require_integer(t: Tensor, name: str, what: str) -> None:
+    """Refuse float, complex and bool metadata: converting it would truncate (2.9 -> 2)
+    or turn NaN into a huge negative number. Names the first offending entry."""
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        flat = t.detach().reshape(-1).cpu()  # error path only
+        bad = ""
+        if t.dtype != torch.bool and flat.numel():
+            odd = (flat != flat.round()) | ~torch.isfinite(flat) if not t.is_complex() else flat.imag != 0
+            if bool(odd.any()):
+                j = int(odd.nonzero()[0, 0])
+                where = f"sample {j}" if t.dim() == 1 else f"entry {tuple(int(k) for k in torch.unravel_index(torch.tensor(j), t.shape))}"
+                bad = f" ({where} is {flat[j].item()})"
+        raise TypeError(f"{what}: {name} must be an integer tensor (int64), got {t.dtype}{bad}")
+
+
+def _check_sizes(host_sizes: Tensor, what: str) -> None:
+    """Sizes are extents: every entry >= 0 (negative extents would wrap the row counts)."""
+    neg = host_sizes < 0
+    if bool(neg.any()):
+        i, d = (int(k) for k in neg.nonzero()[0])
+        raise ValueError(
+            f"{what}: sizes must be >= 0: sample {i} has extent {int(host_sizes[i, d])} along dim {d} "
+            f"(its shape reads {tuple(host_sizes[i].tolist())})"
+        )
+
+
 def _check_offsets(offsets: Tensor, total: int, what: str) -> None:
     if offsets.dim() != 1 or offsets.numel() < 1:
         raise ValueError(f"{what}: offsets must be 1-D with B+1 entries, got shape {tuple(offsets.shape)}")
-    if offsets.is_floating_point() or offsets.dtype == torch.bool:
-        raise TypeError(f"{what}: offsets must be integers, got {offsets.dtype}")
+    require_integer(offsets, "offsets", what)
     o = offsets.cpu()
     if int(o[0]) != 0:
         raise ValueError(f"{what}: offsets must start at 0, got offsets[0]={int(o[0])}")
@@ -368,6 +393,7 @@ def from_values(
     if sizes is not None:
         if sizes.dim() != 2:
             raise ValueError(f"{what}: sizes must be (B, D), got shape {tuple(sizes.shape)}")
+        require_integer(sizes, "sizes", what)
         ndim = sizes.shape[1]
         n_r = ndim - len(static)
         if n_r < 0:
@@ -380,6 +406,7 @@ def from_values(
         sizes = sizes.to(torch.int64)
         host_sizes = sizes.cpu() if validate or max_seqlen is None else None
         if host_sizes is not None:
+            _check_sizes(host_sizes, what)
             sd = layout.static_dims(ndim, ragged)
             if sd and not bool((host_sizes[:, list(sd)] == torch.tensor(static)).all()):
                 bad = int((host_sizes[:, list(sd)] != torch.tensor(static)).any(1).nonzero()[0, 0])
@@ -403,6 +430,7 @@ def from_values(
         if lengths is not None:
             if lengths.dim() != 1:
                 raise ValueError(f"{what}: lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+            require_integer(lengths, "lengths", what)
             lengths = lengths.to(torch.int64)
             if validate:
                 hl = lengths.cpu()
@@ -416,6 +444,7 @@ def from_values(
                     )
             offsets = layout.offsets_from_counts(lengths)
         else:
+            require_integer(offsets, "offsets", what)
             if validate:
                 _check_offsets(offsets, total, what)
             offsets = offsets.to(torch.int64)
@@ -440,12 +469,23 @@ def from_values(
     if host_sizes is not None:
         host_offsets = layout.offsets_from_counts(layout.row_counts(host_sizes, ragged))
     if max_seqlen is not None:
-        ms = [max_seqlen] if isinstance(max_seqlen, int) else list(max_seqlen)
+        ms = list(max_seqlen) if isinstance(max_seqlen, (list, tuple)) else [max_seqlen]
         if len(ms) != len(ragged):
             raise ValueError(f"{what}: max_seqlen needs one int per ragged dim {ragged}, got {ms}")
         env = [0] * ndim
+        real = envelope_from_sizes(host_sizes, ragged, static) if host_sizes is not None else None
         for d, m in zip(ragged, ms):
-            env[d] = int(m)
+            if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or (isinstance(m, int) and m < 0):
+                raise ValueError(f"{what}: max_seqlen must be a non-negative int per ragged dim, got {m!r} for dim {d}")
+            if real is not None and m < real[d]:
+                i = int(host_sizes[:, d].argmax())
+                raise ValueError(
+                    f"{what}: max_seqlen={m} for dim {d} is smaller than sample {i}'s extent {real[d]} there; "
+                    f"pass max_seqlen >= {real[d]} or omit it"
+                )
+            # With host metadata the envelope is the real maximum (a larger hint would make
+            # equal structures disagree on their padded shape); otherwise the hint is trusted.
+            env[d] = real[d] if real is not None else int(m)
         for d, s in zip(layout.static_dims(ndim, ragged), static):
             env[d] = s
     else:

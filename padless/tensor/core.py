@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
+from padless.tensor.errors import StructureError
 from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, op_name
 
 
@@ -24,6 +25,7 @@ class NeedsPerSample(Exception):
 
 
 _TLS = threading.local()
+_INT32_MAX = 2**31 - 1
 
 
 class StructureMeta:
@@ -277,6 +279,13 @@ class NestedTensor(Tensor):
         hit = m.derived.get(key)
         if hit is None:
             src = m.host_offsets if m.host_offsets is not None else self._offsets
+            if not _is_traced(self._offsets):
+                rows = int(src[-1]) if src is m.host_offsets and src.numel() else self._values.shape[0]
+                if rows > _INT32_MAX:
+                    raise StructureError(
+                        f"cu_seqlens(): the batch has {rows} rows, more than int32 holds ({_INT32_MAX}), "
+                        "so int32 cu_seqlens would wrap around; use offsets() (int64) or split the batch"
+                    )
             hit = src.to(dtype=torch.int32).to(self._offsets.device, non_blocking=True)
             if not _is_traced(self._offsets):
                 m.derived[key] = hit
