@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
-from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.autograd import nested_from_values, split_rows, values_of
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic
 
 
@@ -40,9 +40,7 @@ def unbind_samples(nt: NestedTensor, differentiable: bool = True) -> tuple[Tenso
     """
     vals = values_of(nt) if differentiable else nt._values
     hs = nt.host_sizes().tolist()
-    ho = nt.host_offsets().tolist()
-    counts = [ho[i + 1] - ho[i] for i in range(len(hs))]
-    parts = torch.split(vals, counts) if hs else ()
+    parts = split_rows(vals, nt.host_offsets().tolist())  # backward: one concatenation, O(T)
     return tuple(_sample_view(nt, p, s) for p, s in zip(parts, hs))
 
 
