@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from padless.ops import segment
+from padless.ops.kernels import segment as kernel_segment
+from padless.ops.kernels.softmax import ragged_softmax
 from padless.ops.pointwise import run_on_rows
 from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, values_dim
 from padless.tensor import layout
@@ -133,7 +135,7 @@ def sum_raw(nt: NestedTensor, sdims: list[int], keepdim: bool, dtype=None) -> Te
 
 
 def _mean_segments(vals: Tensor, g: segment.Groups) -> Tensor:
-    return segment.segment_sum(vals, g) / segment.counts_like(g, vals)
+    return kernel_segment.segment_reduce(vals, g, "mean")
 
 
 # ---------------------------------------------------------------------------- sum / mean / prod
@@ -273,11 +275,7 @@ implements(torch.argmin, torch.Tensor.argmin)(_arg("argmin", False))
 @implements(torch.logsumexp, torch.Tensor.logsumexp)
 def logsumexp(func, nt: NestedTensor, dim, keepdim: bool = False) -> Tensor:
     def seg(v, g):
-        with torch.no_grad():
-            m = segment.segment_extreme(v, g, "amax")
-            m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        s = segment.segment_sum(torch.exp(v - segment.gather_rows(m, g)), g)
-        return torch.log(s) + m
+        return kernel_segment.segment_reduce(v, g, "logsumexp")  # twin: max-shifted exp-sum
 
     return _reduction("logsumexp", nt, dim, keepdim, lambda v, d, k: v.logsumexp(dim=d, keepdim=k), seg, lambda v: v.logsumexp(dim=tuple(range(v.dim()))))
 
@@ -294,6 +292,9 @@ def _var(op: str, nt: NestedTensor, dim, correction, keepdim: bool, sqrt: bool) 
     if not ragged:
         return _static_only(nt, fn(vals, dim=vd, correction=corr, keepdim=keepdim), static, keepdim)
     g = segment.groups(nt, ragged)
+    if not vd:  # one fused kernel (or its twin, the two-pass code below)
+        var = kernel_segment.segment_reduce(vals, g, "var", corr)
+        return segment.finish(nt, _safe_sqrt(var) if sqrt else var, ragged, static, keepdim, g)
     per_row = 1
     for d in vd:
         per_row *= vals.shape[d]
@@ -412,14 +413,7 @@ def _softmax_impl(op: str, nt: NestedTensor, dim, dtype, log: bool) -> NestedTen
         out = torch.log_softmax(vals, vd) if log else torch.softmax(vals, vd)
         return rewrap(out, nt)
     g = segment.groups(nt, [d])
-    with torch.no_grad():
-        m = segment.segment_extreme(vals, g, "amax") if g.n_groups else vals.new_zeros((0, *vals.shape[1:]))
-    shifted = vals - segment.gather_rows(m, g)
-    e = torch.exp(shifted)
-    s = segment.segment_sum(e, g)
-    if log:
-        return rewrap(shifted - torch.log(segment.gather_rows(s, g)), nt)
-    return rewrap(e / segment.gather_rows(s, g), nt)
+    return rewrap(ragged_softmax(vals, g, log), nt)
 
 
 @implements(torch.softmax, torch.Tensor.softmax, torch.nn.functional.softmax)

@@ -19,6 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from padless.ops.kernels import segment as kernel_segment
 from padless.ops.structure import build_nested, derived_tensor
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, _is_traced
@@ -34,6 +35,19 @@ class Groups:
     out_host_sizes: Tensor | None  # (B, D) sizes with reduced dims set to 1 (host) or None when dense
     local: tuple[Tensor, ...]  # per reduced dim: the row's coordinate along it (for arg-reductions)
     empty_group_sample: int  # first sample holding an empty group, or -1
+    # (sizes, offsets, ragged, reduced) on the values' device: what kernels build their plan from
+    source: tuple = ()
+    cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    def plan(self) -> tuple[Tensor, Tensor, Tensor] | None:
+        """Strided-run plan ``(start, count, stride)`` per group for the segment kernels
+        (None when the reduced dims are not consecutive); built on first use, then cached."""
+        if "plan" not in self.cache:
+            from padless.ops.kernels.segment import strided_plan
+
+            sizes, offsets, ragged, reduced = self.source
+            self.cache["plan"] = strided_plan(sizes, offsets, ragged, reduced, self.n_groups)
+        return self.cache["plan"]
 
 
 def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
@@ -82,7 +96,7 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
         empty_sample = -1  # sizes are runtime data while tracing: no check (empty groups give NaN/-inf)
     else:
         empty_sample = _first_empty(nt.host_sizes(), keep, reduced)
-    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample)
+    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample, (nt._sizes, nt._offsets, nt._ragged, reduced))
     if not traced:
         nt._meta.derived[obj_key] = g
     return g
@@ -161,15 +175,13 @@ def finish(
 
 
 def segment_sum(values: Tensor, g: Groups) -> Tensor:
-    out = values.new_zeros((g.n_groups, *values.shape[1:]))
-    return out.index_add(0, g.gid, values)
+    """Sum per group (Triton kernel or its ``index_add`` twin: :mod:`padless.ops.kernels.segment`)."""
+    return kernel_segment.segment_reduce(values, g, "sum")
 
 
 def segment_extreme(values: Tensor, g: Groups, mode: str) -> Tensor:
     """``mode`` is "amax" or "amin"; ties share the gradient evenly (as torch.amax)."""
-    out = values.new_zeros((g.n_groups, *values.shape[1:]))
-    idx = g.gid.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
-    return out.scatter_reduce(0, idx, values, mode, include_self=False)
+    return kernel_segment.segment_reduce(values, g, mode)
 
 
 def gather_rows(per_group: Tensor, g: Groups) -> Tensor:

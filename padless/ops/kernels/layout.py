@@ -1,0 +1,315 @@
+"""Layout conversions: packed <-> padded, the validity mask, transposed-pair re-layout.
+
+Sample ``i`` with ragged extents ``(n0, n1, n2)`` (missing levels are 1) holds
+rows ``off[i] + (c0 * n1 + c1) * n2 + c2``; its padded slot is row
+``(i * E0 + c0) * E1 * E2 + c1 * E2 + c2`` of the flat ``(B * E0 * E1 * E2, F)``
+grid (``E`` the padded envelope). Each program owns a tile of one sample's rows
+and derives coordinates from the extents: no per-row index tensor.
+
+* ``packed_to_padded``: one program per tile of *padded* rows, writing the value
+  or the fill (every output element written once, no pre-fill pass);
+* ``padded_to_packed``: one program per tile of *packed* rows (a gather);
+  each is the other's backward;
+* ``transpose_pair``: rows ``(a, b)`` of an ``(N_i, M_i, F)`` pair to ``(b, a)``.
+
+The torch **twins** use the cached flat index of every row (``index_copy`` /
+``index_select``), as :func:`padless.tensor.convert.to_padded` does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.ops.kernels import dispatch
+
+FAMILY = "layout"
+BLOCK_R = 16
+tl: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutMeta:
+    """Ragged extents per sample (up to 3 levels), offsets, and the padded envelope."""
+
+    ext: Tensor  # (B, 3) int64 ragged extents, missing levels 1 (device)
+    offsets: Tensor  # (B + 1,) int64 (device)
+    env: tuple[int, int, int]  # padded extent per level
+    max_rows: int  # max rows of one sample (host)
+
+    @staticmethod
+    def from_host(sizes: Tensor, ragged: Sequence[int], env: Sequence[int], device: torch.device | str) -> "LayoutMeta":
+        """``sizes``: host ``(B, D)``; ``ragged``: ragged sample dims; ``env``: padded extent per sample dim."""
+        if len(ragged) > 3:
+            raise ValueError(f"layout kernels: at most 3 ragged dims, got {len(ragged)}")
+        b = sizes.shape[0]
+        ext = torch.ones(b, 3, dtype=torch.int64)
+        e = [1, 1, 1]
+        for k, d in enumerate(sorted(ragged)):
+            ext[:, 3 - len(ragged) + k] = sizes[:, d]
+            e[3 - len(ragged) + k] = int(env[d])
+        rows = ext.prod(1)
+        offsets = torch.cat([rows.new_zeros(1), torch.cumsum(rows, 0)])
+        return LayoutMeta(ext.to(device), offsets.to(device), (e[0], e[1], e[2]), int(rows.max()) if b else 0)
+
+    @property
+    def grid_rows_per_sample(self) -> int:
+        return self.env[0] * self.env[1] * self.env[2]
+
+
+def _to_padded_kernel(x_ptr, out_ptr, ext_ptr, off_ptr, fill, F, E0, E1, E2,
+                      BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    i = tl.program_id(0)
+    p = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_F + tl.arange(0, BLOCK_F)
+    n0 = tl.load(ext_ptr + i * 3)
+    n1 = tl.load(ext_ptr + i * 3 + 1)
+    n2 = tl.load(ext_ptr + i * 3 + 2)
+    c2 = p % E2
+    c1 = (p // E2) % E1
+    c0 = p // (E1 * E2)
+    inside = p < E0 * E1 * E2
+    valid = inside & (c0 < n0) & (c1 < n1) & (c2 < n2)
+    src = tl.load(off_ptr + i) + (c0 * n1 + c1) * n2 + c2
+    cmask = cols < F
+    v = tl.load(x_ptr + src[:, None] * F + cols[None, :], mask=valid[:, None] & cmask[None, :], other=fill)
+    dst = i.to(tl.int64) * (E0 * E1 * E2) + p
+    tl.store(out_ptr + dst[:, None] * F + cols[None, :], v.to(out_ptr.dtype.element_ty),
+             mask=inside[:, None] & cmask[None, :])
+
+
+def _to_packed_kernel(g_ptr, out_ptr, ext_ptr, off_ptr, F, E0, E1, E2,
+                      BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    i = tl.program_id(0)
+    r = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    cols = tl.program_id(2) * BLOCK_F + tl.arange(0, BLOCK_F)
+    n0 = tl.load(ext_ptr + i * 3)
+    n1 = tl.load(ext_ptr + i * 3 + 1)
+    n2 = tl.load(ext_ptr + i * 3 + 2)
+    valid = r < n0 * n1 * n2
+    n2s = tl.maximum(n2, 1)
+    n1s = tl.maximum(n1, 1)
+    c2 = r % n2s
+    c1 = (r // n2s) % n1s
+    c0 = r // (n1s * n2s)
+    src = i.to(tl.int64) * (E0 * E1 * E2) + (c0 * E1 + c1) * E2 + c2
+    dst = tl.load(off_ptr + i) + r
+    msk = valid[:, None] & (cols < F)[None, :]
+    v = tl.load(g_ptr + src[:, None] * F + cols[None, :], mask=msk, other=0.0)
+    tl.store(out_ptr + dst[:, None] * F + cols[None, :], v, mask=msk)
+
+
+def _transpose_pair_kernel(x_ptr, out_ptr, n_ptr, m_ptr, off_ptr, F, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    i = tl.program_id(0)
+    q = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)  # output row (b, a) of the (M, N) result
+    cols = tl.program_id(2) * BLOCK_F + tl.arange(0, BLOCK_F)
+    n = tl.load(n_ptr + i)
+    m = tl.load(m_ptr + i)
+    valid = q < n * m
+    ns = tl.maximum(n, 1)
+    b = q // ns
+    a = q % ns
+    off = tl.load(off_ptr + i)
+    msk = valid[:, None] & (cols < F)[None, :]
+    v = tl.load(x_ptr + (off + a * m + b)[:, None] * F + cols[None, :], mask=msk, other=0.0)
+    tl.store(out_ptr + (off + q)[:, None] * F + cols[None, :], v, mask=msk)
+
+
+def _build(triton: Any, tl_mod: Any) -> types.SimpleNamespace:
+    global tl
+    tl = tl_mod
+    return types.SimpleNamespace(
+        to_padded=triton.jit(_to_padded_kernel), to_packed=triton.jit(_to_packed_kernel),
+        transpose=triton.jit(_transpose_pair_kernel),
+    )
+
+
+kernels = dispatch.jit_kernels(_build)
+
+
+def _bf(f: int) -> int:
+    return dispatch.next_pow2(f, lo=16, hi=64)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b
+
+
+@torch.library.triton_op("padless::packed_to_padded", mutates_args=())
+def packed_to_padded_op(x: Tensor, ext: Tensor, offsets: Tensor, e0: int, e1: int, e2: int, fill: float) -> Tensor:
+    """``(T, F)`` packed rows -> ``(B * E0 * E1 * E2, F)`` padded grid with ``fill`` outside samples."""
+    b, f = ext.shape[0], x.shape[1]
+    per = e0 * e1 * e2
+    out = x.new_empty((b * per, f))
+    if out.numel():
+        bf = _bf(f)
+        dispatch.launch(kernels().to_padded, (b, _cdiv(per, BLOCK_R), _cdiv(f, bf)), x, out, ext, offsets,
+                        float(fill), f, e0, e1, e2, BLOCK_R=BLOCK_R, BLOCK_F=bf)
+    return out
+
+
+@packed_to_padded_op.register_fake
+def _packed_to_padded_fake(x, ext, offsets, e0, e1, e2, fill):
+    return x.new_empty((ext.shape[0] * e0 * e1 * e2, x.shape[1]))
+
+
+@torch.library.triton_op("padless::padded_to_packed", mutates_args=())
+def padded_to_packed_op(grid: Tensor, ext: Tensor, offsets: Tensor, e0: int, e1: int, e2: int, total: int,
+                        max_rows: int) -> Tensor:
+    """``(B * E0 * E1 * E2, F)`` padded grid -> ``(T, F)`` packed rows."""
+    b, f = ext.shape[0], grid.shape[1]
+    out = grid.new_empty((total, f))
+    if out.numel():
+        bf = _bf(f)
+        dispatch.launch(kernels().to_packed, (b, _cdiv(max_rows, BLOCK_R), _cdiv(f, bf)), grid.contiguous(), out,
+                        ext, offsets, f, e0, e1, e2, BLOCK_R=BLOCK_R, BLOCK_F=bf)
+    return out
+
+
+@padded_to_packed_op.register_fake
+def _padded_to_packed_fake(grid, ext, offsets, e0, e1, e2, total, max_rows):
+    return grid.new_empty((total, grid.shape[1]))
+
+
+def _setup_to_padded(ctx, inputs, output):
+    x, ext, offsets, e0, e1, e2, fill = inputs
+    ctx.save_for_backward(ext, offsets)
+    ctx.dims = (e0, e1, e2, x.shape[0])
+
+
+def _backward_to_padded(ctx, g):
+    ext, offsets = ctx.saved_tensors
+    e0, e1, e2, total = ctx.dims
+    max_rows = e0 * e1 * e2  # an upper bound from the envelope: no device read
+    return padded_to_packed_op(g, ext, offsets, e0, e1, e2, total, max_rows), None, None, None, None, None, None
+
+
+def _setup_to_packed(ctx, inputs, output):
+    grid, ext, offsets, e0, e1, e2, total, max_rows = inputs
+    ctx.save_for_backward(ext, offsets)
+    ctx.dims = (e0, e1, e2)
+
+
+def _backward_to_packed(ctx, g):
+    ext, offsets = ctx.saved_tensors
+    e0, e1, e2 = ctx.dims
+    return packed_to_padded_op(g, ext, offsets, e0, e1, e2, 0.0), None, None, None, None, None, None, None
+
+
+packed_to_padded_op.register_autograd(_backward_to_padded, setup_context=_setup_to_padded)
+padded_to_packed_op.register_autograd(_backward_to_packed, setup_context=_setup_to_packed)
+
+
+@torch.library.triton_op("padless::transpose_pair", mutates_args=())
+def transpose_pair_op(x: Tensor, n: Tensor, m: Tensor, offsets: Tensor, max_rows: int) -> Tensor:
+    """Rows of ``(N_i, M_i, F)`` pairs -> rows of the ``(M_i, N_i, F)`` transposes."""
+    out = torch.empty_like(x)
+    if x.numel():
+        bf = _bf(x.shape[1])
+        dispatch.launch(kernels().transpose, (n.shape[0], _cdiv(max_rows, BLOCK_R), _cdiv(x.shape[1], bf)),
+                        x, out, n, m, offsets, x.shape[1], BLOCK_R=BLOCK_R, BLOCK_F=bf)
+    return out
+
+
+@transpose_pair_op.register_fake
+def _transpose_pair_fake(x, n, m, offsets, max_rows):
+    return torch.empty_like(x)
+
+
+def _setup_transpose(ctx, inputs, output):
+    x, n, m, offsets, max_rows = inputs
+    ctx.save_for_backward(n, m, offsets)
+    ctx.max_rows = max_rows
+
+
+def _backward_transpose(ctx, g):
+    n, m, offsets = ctx.saved_tensors
+    return transpose_pair_op(g.contiguous(), m, n, offsets, ctx.max_rows), None, None, None, None
+
+
+transpose_pair_op.register_autograd(_backward_transpose, setup_context=_setup_transpose)
+
+
+# ---------------------------------------------------------------------------- twins
+
+
+def padded_index(meta: LayoutMeta, total: int) -> Tensor:
+    """Flat padded-grid row of every packed row (what the twins scatter/gather through)."""
+    b = meta.ext.shape[0]
+    rows = meta.ext.prod(1)
+    sid = torch.repeat_interleave(torch.arange(b, device=rows.device), rows, output_size=total)
+    local = torch.arange(total, device=rows.device) - meta.offsets[:-1].index_select(0, sid)
+    e0, e1, e2 = meta.env
+    n1 = meta.ext[:, 1].clamp_min(1).index_select(0, sid)
+    n2 = meta.ext[:, 2].clamp_min(1).index_select(0, sid)
+    c2 = torch.remainder(local, n2)
+    c1 = torch.remainder(torch.div(local, n2, rounding_mode="floor"), n1)
+    c0 = torch.div(local, n1 * n2, rounding_mode="floor")
+    return (sid * e0 + c0) * (e1 * e2) + c1 * e2 + c2
+
+
+def twin_packed_to_padded(x: Tensor, meta: LayoutMeta, fill: float = 0.0) -> Tensor:
+    grid = x.new_full((meta.ext.shape[0] * meta.grid_rows_per_sample, *x.shape[1:]), fill)
+    return grid.index_copy(0, padded_index(meta, x.shape[0]), x)
+
+
+def twin_padded_to_packed(grid: Tensor, meta: LayoutMeta, total: int) -> Tensor:
+    return grid.index_select(0, padded_index(meta, total))
+
+
+def twin_transpose_pair(x: Tensor, n: Tensor, m: Tensor, offsets: Tensor) -> Tensor:
+    total = x.shape[0]
+    rows = n * m
+    sid = torch.repeat_interleave(torch.arange(n.shape[0], device=x.device), rows, output_size=total)
+    q = torch.arange(total, device=x.device) - offsets[:-1].index_select(0, sid)
+    ns = n.clamp_min(1).index_select(0, sid)
+    src = offsets[:-1].index_select(0, sid) + torch.remainder(q, ns) * m.index_select(0, sid) + torch.div(q, ns, rounding_mode="floor")
+    return x.index_select(0, src)
+
+
+# ---------------------------------------------------------------------------- dispatch
+
+
+def _flat(x: Tensor) -> tuple[Tensor, int]:
+    f = math.prod(x.shape[1:])
+    return x.reshape(x.shape[0], f).contiguous(), f
+
+
+def packed_to_padded(x: Tensor, meta: LayoutMeta, fill: float = 0.0) -> Tensor:
+    """Packed rows ``(T, *static)`` -> flat padded grid ``(B * E0 * E1 * E2, *static)``."""
+    if not dispatch.use_kernel(FAMILY, x, unsupported=None if x.dtype != torch.bool else "dtype torch.bool"):
+        return twin_packed_to_padded(x, meta, fill)
+    flat, _ = _flat(x)
+    out = packed_to_padded_op(flat, meta.ext, meta.offsets, *meta.env, float(fill))
+    return out.reshape(out.shape[0], *x.shape[1:])
+
+
+def padded_to_packed(grid: Tensor, meta: LayoutMeta, total: int) -> Tensor:
+    """Flat padded grid ``(B * E0 * E1 * E2, *static)`` -> packed rows ``(total, *static)``."""
+    if not dispatch.use_kernel(FAMILY, grid, unsupported=None if grid.dtype != torch.bool else "dtype torch.bool"):
+        return twin_padded_to_packed(grid, meta, total)
+    flat, _ = _flat(grid)
+    out = padded_to_packed_op(flat, meta.ext, meta.offsets, *meta.env, total, meta.max_rows)
+    return out.reshape(total, *grid.shape[1:])
+
+
+def valid_mask(meta: LayoutMeta, total: int) -> Tensor:
+    """Bool ``(B * E0 * E1 * E2,)``: True at padded rows that hold a packed row (``total`` rows)."""
+    ones = torch.ones(total, 1, dtype=torch.float16, device=meta.ext.device)
+    if not dispatch.use_kernel(FAMILY, ones):
+        grid = torch.zeros(meta.ext.shape[0] * meta.grid_rows_per_sample, dtype=torch.bool, device=ones.device)
+        return grid.index_fill(0, padded_index(meta, total), True)
+    return packed_to_padded_op(ones, meta.ext, meta.offsets, *meta.env, 0.0)[:, 0] != 0
+
+
+def transpose_pair(x: Tensor, n: Tensor, m: Tensor, offsets: Tensor, max_rows: int) -> Tensor:
+    """Rows of ``(N_i, M_i, *static)`` pairs re-laid out as the ``(M_i, N_i, *static)`` transposes."""
+    if not dispatch.use_kernel(FAMILY, x):
+        return twin_transpose_pair(x, n, m, offsets)
+    flat, _ = _flat(x)
+    return transpose_pair_op(flat, n, m, offsets, max_rows).reshape(x.shape)

@@ -1,0 +1,184 @@
+"""Ragged softmax / log_softmax along a ragged dim, fused forward and backward.
+
+The normalised groups are the strided runs of :mod:`padless.ops.kernels.segment`
+(one group per position of the other ragged dims), so this covers a token axis
+``(L_i, C)``, and the rows or the columns of a pair state ``(N_i, N_i, H)``: the
+triangle-attention pattern. One program per (group, block of features) makes two
+passes: an online max/sum, then the write; the backward also makes two passes
+(``sum(dy * y)`` or ``sum(dy)``, then the write). The torch **twin** is the
+``scatter_reduce`` / ``index_add`` composition over per-row group ids.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from padless.ops.kernels import dispatch
+from padless.ops.kernels.segment import BLOCK_R, twin_reduce
+
+if TYPE_CHECKING:
+    from padless.ops.segment import Groups
+
+FAMILY = "softmax"
+tl: Any = None
+
+
+def _softmax_kernel(x_ptr, y_ptr, start_ptr, count_ptr, stride_ptr, F,
+                    LOG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    g = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    cmask = cols < F
+    start = tl.load(start_ptr + g)
+    count = tl.load(count_ptr + g)
+    stride = tl.load(stride_ptr + g)
+    r = tl.arange(0, BLOCK_R)
+    m = tl.full([BLOCK_F], float("-inf"), tl.float32)
+    s = tl.zeros([BLOCK_F], dtype=tl.float32)
+    for k0 in range(0, count, BLOCK_R):
+        k = k0 + r
+        rows = start + k.to(tl.int64) * stride
+        msk = (k < count)[:, None] & cmask[None, :]
+        x = tl.load(x_ptr + rows[:, None] * F + cols[None, :], mask=msk, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        s = s * tl.exp(m - m_safe) + tl.sum(tl.exp(x - m_safe[None, :]), 0)
+        m = m_new
+    m = tl.where(m == float("-inf"), 0.0, m)
+    log_s = tl.log(s)
+    for k0 in range(0, count, BLOCK_R):
+        k = k0 + r
+        rows = start + k.to(tl.int64) * stride
+        msk = (k < count)[:, None] & cmask[None, :]
+        ptrs = rows[:, None] * F + cols[None, :]
+        x = tl.load(x_ptr + ptrs, mask=msk, other=0.0).to(tl.float32)
+        if LOG:
+            y = x - m[None, :] - log_s[None, :]
+        else:
+            y = tl.exp(x - m[None, :]) / s[None, :]
+        tl.store(y_ptr + ptrs, y.to(y_ptr.dtype.element_ty), mask=msk)
+
+
+def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, start_ptr, count_ptr, stride_ptr, F,
+                        LOG: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
+    g = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    cmask = cols < F
+    start = tl.load(start_ptr + g)
+    count = tl.load(count_ptr + g)
+    stride = tl.load(stride_ptr + g)
+    r = tl.arange(0, BLOCK_R)
+    acc = tl.zeros([BLOCK_F], dtype=tl.float32)
+    for k0 in range(0, count, BLOCK_R):
+        k = k0 + r
+        rows = start + k.to(tl.int64) * stride
+        msk = (k < count)[:, None] & cmask[None, :]
+        ptrs = rows[:, None] * F + cols[None, :]
+        dy = tl.load(dy_ptr + ptrs, mask=msk, other=0.0).to(tl.float32)
+        if LOG:
+            acc += tl.sum(dy, 0)
+        else:
+            y = tl.load(y_ptr + ptrs, mask=msk, other=0.0).to(tl.float32)
+            acc += tl.sum(dy * y, 0)
+    for k0 in range(0, count, BLOCK_R):
+        k = k0 + r
+        rows = start + k.to(tl.int64) * stride
+        msk = (k < count)[:, None] & cmask[None, :]
+        ptrs = rows[:, None] * F + cols[None, :]
+        dy = tl.load(dy_ptr + ptrs, mask=msk, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + ptrs, mask=msk, other=0.0).to(tl.float32)
+        if LOG:
+            dx = dy - tl.exp(y) * acc[None, :]
+        else:
+            dx = y * (dy - acc[None, :])
+        tl.store(dx_ptr + ptrs, dx.to(dx_ptr.dtype.element_ty), mask=msk)
+
+
+def _build(triton: Any, tl_mod: Any) -> types.SimpleNamespace:
+    global tl
+    tl = tl_mod
+    return types.SimpleNamespace(fwd=triton.jit(_softmax_kernel), bwd=triton.jit(_softmax_bwd_kernel))
+
+
+kernels = dispatch.jit_kernels(_build)
+
+
+def _grid(start: Tensor, f: int) -> tuple[tuple[int, int], int]:
+    bf = dispatch.next_pow2(f, lo=16, hi=128)
+    return (start.shape[0], (f + bf - 1) // bf), bf
+
+
+@torch.library.triton_op("padless::ragged_softmax", mutates_args=())
+def ragged_softmax_op(x: Tensor, start: Tensor, count: Tensor, stride: Tensor, log: bool) -> Tensor:
+    """Softmax (``log=True``: log_softmax) of ``(T, F)`` rows within each strided group."""
+    y = torch.empty_like(x)
+    if start.shape[0] and x.shape[0] and x.shape[1]:
+        grid, bf = _grid(start, x.shape[1])
+        dispatch.launch(kernels().fwd, grid, x, y, start, count, stride, x.shape[1], LOG=log, BLOCK_R=BLOCK_R, BLOCK_F=bf)
+    return y
+
+
+@ragged_softmax_op.register_fake
+def _ragged_softmax_fake(x, start, count, stride, log):
+    return torch.empty_like(x)
+
+
+@torch.library.triton_op("padless::ragged_softmax_backward", mutates_args=())
+def ragged_softmax_backward_op(y: Tensor, dy: Tensor, start: Tensor, count: Tensor, stride: Tensor, log: bool) -> Tensor:
+    """Gradient of :func:`ragged_softmax_op` from its output ``y``."""
+    dx = torch.empty_like(y)
+    if start.shape[0] and y.shape[0] and y.shape[1]:
+        grid, bf = _grid(start, y.shape[1])
+        dispatch.launch(kernels().bwd, grid, y, dy.contiguous(), dx, start, count, stride, y.shape[1],
+                        LOG=log, BLOCK_R=BLOCK_R, BLOCK_F=bf)
+    return dx
+
+
+@ragged_softmax_backward_op.register_fake
+def _ragged_softmax_backward_fake(y, dy, start, count, stride, log):
+    return torch.empty_like(y)
+
+
+def _setup(ctx, inputs, output):
+    _, start, count, stride, log = inputs
+    ctx.save_for_backward(output, start, count, stride)
+    ctx.log = log
+
+
+def _backward(ctx, dy):
+    y, start, count, stride = ctx.saved_tensors
+    return ragged_softmax_backward_op(y, dy, start, count, stride, ctx.log), None, None, None, None
+
+
+ragged_softmax_op.register_autograd(_backward, setup_context=_setup)
+
+
+def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
+    """The torch twin: max and sum per group with ``scatter_reduce`` / ``index_add``."""
+    with torch.no_grad():
+        m = twin_reduce(values, g, "amax") if g.n_groups else values.new_zeros((0, *values.shape[1:]))
+    shifted = values - m.index_select(0, g.gid)
+    e = torch.exp(shifted)
+    s = twin_reduce(e, g, "sum")
+    if log:
+        return shifted - torch.log(s.index_select(0, g.gid))
+    return e / s.index_select(0, g.gid)
+
+
+def ragged_softmax(values: Tensor, g: "Groups", log: bool = False) -> Tensor:
+    """Softmax of ``values`` ``(T, *static)`` within each group of ``g`` (same shape out)."""
+
+    def unsupported() -> str | None:
+        if not values.is_floating_point():
+            return f"dtype {values.dtype}"
+        return None if g.plan() is not None else "the ragged dim's groups are not strided runs"
+
+    if not dispatch.use_kernel(FAMILY, values, unsupported=unsupported):
+        return twin_softmax(values, g, log)
+    start, count, stride = g.plan()
+    flat = values.reshape(values.shape[0], math.prod(values.shape[1:])).contiguous()
+    return ragged_softmax_op(flat, start, count, stride, bool(log)).reshape(values.shape)
