@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
+from padless.tensor import validate
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, op_name
 
@@ -414,13 +415,21 @@ class NestedTensor(Tensor):
 
 
 def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None):
-    """Unpickling entry point (registered as a safe global for ``torch.load(weights_only=True)``)."""
-    meta = StructureMeta(host_sizes, host_offsets)
-    if isinstance(carried, dict):
-        restore_metadata(meta, carried, values, offsets)
-    return NestedTensor(
-        values, offsets, sizes, tuple(ragged), tuple(envelope), meta, requires_grad=requires_grad,
+    """Unpickling entry point (registered as a safe global for ``torch.load(weights_only=True)``).
+
+    Nothing read from a file is trusted: the structure is checked and the envelope
+    recomputed (:func:`padless.tensor.validate.check_structure`), and carried caches are
+    validated before they are installed.
+    """
+    ragged, env, host_sizes, host_offsets = validate.check_structure(
+        values, offsets, sizes, ragged, host_sizes, host_offsets
     )
+    meta = StructureMeta(host_sizes, host_offsets)
+    if carried is not None:
+        if not isinstance(carried, dict):
+            raise StructureError(f"NestedTensor (unpickled): carried metadata must be a dict, got {type(carried).__name__}")
+        restore_metadata(meta, carried, values, offsets, ragged)
+    return NestedTensor(values, offsets, sizes, ragged, tuple(env), meta, requires_grad=bool(requires_grad))
 
 
 #: Derived entries keyed ``(name, device)`` that pickling carries, so metadata a DataLoader
@@ -443,15 +452,25 @@ def carried_metadata(nt: NestedTensor) -> dict[str, Any] | None:
     return out or None
 
 
-def restore_metadata(meta: StructureMeta, carried: dict[str, Any], values: Tensor, offsets: Tensor) -> None:
-    """Install carried metadata into ``meta``; entries whose shape or dtype do not fit are ignored."""
-    cu, rid, parts = carried.get("cu_seqlens"), carried.get("row_ids"), carried.get("partitions")
-    if isinstance(cu, Tensor) and cu.dtype == torch.int32 and cu.shape == offsets.shape and cu.device == offsets.device:
-        meta.derived[("cu_seqlens", offsets.device)] = cu
-    if isinstance(rid, Tensor) and rid.dtype == torch.int64 and rid.shape == values.shape[:1] and rid.device == values.device:
-        meta.derived[("row_ids", values.device)] = rid
-    if isinstance(parts, list) and all(isinstance(p, Tensor) and p.device.type == "cpu" for p in parts):
-        meta.derived["partitions"] = tuple(parts)
+def restore_metadata(
+    meta: StructureMeta, carried: dict[str, Any], values: Tensor, offsets: Tensor, ragged: tuple[int, ...]
+) -> None:
+    """Install carried metadata into ``meta`` after checking it against the structure.
+
+    Entries on another device than the one they serve are dropped; entries that disagree
+    with the offsets and sizes raise :class:`StructureError` (a forged ``row_ids`` would
+    otherwise mix samples). ``meta`` must hold validated host sizes and offsets.
+    """
+    hs, ho = meta.host_sizes, meta.host_offsets
+    if hs is None or ho is None:
+        return  # nothing to check against: caches are rebuilt on first use instead
+    good = validate.check_carried(carried, ragged, hs, ho, values, offsets.device)
+    if "cu_seqlens" in good:
+        meta.derived[("cu_seqlens", offsets.device)] = good["cu_seqlens"]
+    if "row_ids" in good:
+        meta.derived[("row_ids", values.device)] = good["row_ids"]
+    if "partitions" in good:
+        meta.derived["partitions"] = good["partitions"]
 
 
 # ---------------------------------------------------------------------------- helpers for handlers
