@@ -231,14 +231,16 @@ def resize_to_budget(
     th, tw = budget_size(h, w, patch, max_tokens, max_upsample=max_upsample)
     if (th, tw) == (h, w):
         return img
-    fn = torch.nn.functional.interpolate
-    kw: dict[str, Any] = {"antialias": antialias} if mode in ("bilinear", "bicubic") else {}
-    if mode in ("bilinear", "bicubic"):
-        kw["align_corners"] = False
+    x = img[None]
+    channel_last = x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+    fmt = torch.channels_last if channel_last else torch.contiguous_format
+    kw: dict[str, Any] = {"antialias": antialias, "align_corners": False} if mode in ("bilinear", "bicubic") else {}
     if img.dtype == torch.uint8 and mode in ("bilinear", "nearest", "nearest-exact") or img.dtype.is_floating_point:
-        return fn(img[None], size=(th, tw), mode=mode, **kw)[0]
-    out = fn(img[None].float(), size=(th, tw), mode=mode, **kw)[0]  # other dtypes: resample in float
-    return out.round_().clamp_(*_range(img.dtype)).to(img.dtype)
+        out = torch.nn.functional.interpolate(x, size=(th, tw), mode=mode, **kw)
+    else:  # other dtypes: resample in float
+        out = torch.nn.functional.interpolate(x.float(), size=(th, tw), mode=mode, **kw)
+        out = out.round_().clamp_(*_range(img.dtype)).to(img.dtype)
+    return out.contiguous(memory_format=fmt)[0]
 
 
 def _range(dtype: torch.dtype) -> tuple[float, float]:
