@@ -5,10 +5,13 @@ the coverage table.
 """
 
 from padless.ops import attention, attention_modules, contract, dims, features, linear_norm, loss, pointwise, reduce, shape, shape_rows  # noqa: F401
-# The image functions (registers F.conv2d); `padless.ops.patchify` is the function, not the module.
+# The image functions; `padless.ops.patchify` is the function, not the module.
 from padless.ops.patchify import patch_grid, patchify, unpatchify
 from padless.ops import resample  # noqa: F401  (F.interpolate on images at their own size)
 from padless.ops import pixel_layout  # noqa: F401  (F.pad of ragged dims, pixel_shuffle/unshuffle, F.unfold)
+from padless.ops import conv  # noqa: F401  (F.conv1d/conv2d/conv_transpose* on packed images, via padless.ops.spatial plans)
+from padless.ops import pool  # noqa: F401  (max/avg/adaptive pooling of packed images)
+from padless.ops import norm2d  # noqa: F401  (F.batch_norm over real pixels, F.instance_norm)
 from padless.jagged.pooling import embedding_bag  # pooled lookups of JaggedTensor / KeyedJaggedTensor
 
 __all__ = ["attention", "attention_modules", "contract", "dims", "embedding_bag", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]

@@ -1,4 +1,4 @@
-"""Images at their own resolution to patch tokens and back, and ``F.conv2d`` with kernel == stride.
+"""Images at their own resolution to patch tokens and back, and the patch path of ``F.conv2d``.
 
 A batch of images ``(C, H_i, W_i)`` (ragged dims ``(1, 2)``) is stored as its pixels:
 ``values`` is ``(sum_i H_i W_i, C)``, row-major over ``(h, w)`` per image. Cutting it
@@ -16,6 +16,8 @@ Tokens are row-major over the patch grid; features are ordered ``(C, p, p)``, li
 ``F.unfold`` and ``conv.weight.flatten(1)``, so for a kernel == stride convolution::
 
     F.conv2d(x, w, b, stride=p)  ==  patchify(x, p) @ w.flatten(1).T + b     (per sample)
+
+which is how :mod:`padless.ops.conv` runs kernel == stride convolutions.
 """
 
 from __future__ import annotations
@@ -23,15 +25,12 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.shape import from_host_structure, host_structure
-from padless.ops.structure import RAGGED, STATIC, restructure
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
-from padless.tensor.registry import implements
 
 __all__ = ["patch_grid", "patchify", "unpatchify"]
 
@@ -173,37 +172,3 @@ def unpatchify(tokens: NestedTensor, patch: Patch, image_sizes: Tensor | NestedT
     n = rows.shape[0]
     px = values_of(tokens).reshape(n, c, kh * kw).transpose(1, 2).reshape(n * kh * kw, c)
     return from_host_structure(px.index_select(0, inv.to(px.device, non_blocking=True)), hs, (1, 2), tokens)
-
-
-@implements(F.conv2d, accepts="packed images (C, H_i, W_i), dense weight, dense bias")
-def conv2d(func, x: NestedTensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1) -> NestedTensor:
-    """``F.conv2d`` / ``nn.Conv2d`` with kernel == stride (patch embedding, 1x1 convs):
-    ``patchify`` then one matmul. Output images ``(out_ch, H_i // kh, W_i // kw)``; a remainder
-    that does not fill a patch is dropped, as the dense convolution does."""
-    if isinstance(weight, NestedTensor) or isinstance(bias, NestedTensor):
-        raise TypeError("conv2d(): weight and bias must be dense tensors")
-    _check_images("conv2d", x)
-    if weight.dim() != 4:
-        raise ValueError(f"conv2d(): weight must be (out_ch, C, kh, kw), got shape {tuple(weight.shape)}")
-    kh, kw = weight.shape[-2:]
-    st = (stride, stride) if isinstance(stride, int) else tuple(stride)
-    dil = (dilation, dilation) if isinstance(dilation, int) else tuple(dilation)
-    pad = padding if isinstance(padding, str) else ((padding, padding) if isinstance(padding, int) else tuple(padding))
-    no_pad = pad in ("valid", (0, 0)) or (pad == "same" and (kh, kw) == (1, 1))
-    if st != (kh, kw) or not no_pad or dil != (1, 1) or groups != 1:
-        raise NotImplementedError(
-            f"conv2d(): on a NestedTensor only kernel == stride convolutions (patch embeddings, 1x1) "
-            f"are supported: got kernel ({kh}, {kw}), stride {st}, padding {padding!r}, dilation {dil}, "
-            f"groups {groups}. Convolutions with halos (overlapping windows, padding) are not built yet; "
-            "run them per sample on x.unbind() meanwhile."
-        )
-    c = x._values.shape[1]
-    if weight.shape[1] != c:
-        raise ValueError(f"conv2d(): weight expects {weight.shape[1]} input channels, the images have {c}")
-    if (kh, kw) == (1, 1):  # pixels are the tokens: keep the structure
-        out = F.linear(values_of(x), weight.flatten(1), bias)
-        return restructure(x, out, [(STATIC, out.shape[1]), (RAGGED, 1), (RAGGED, 2)])
-    tok, grid, tok_off = _tokens("conv2d", x, kh, kw, False)
-    out = F.linear(tok, weight.flatten(1), bias)
-    sizes = torch.cat([torch.full_like(grid[:, :1], out.shape[1]), grid], 1)
-    return from_host_structure(out, sizes, (1, 2), x, tok_off)

@@ -19,6 +19,33 @@ from padless.tensor.core import NeedsPerSample, NestedTensor, _is_traced, warn_o
 from padless.tensor.registry import describe_args, op_name
 
 _SIZE_NAMES = ("size", "shape", "sizes", "stride", "output_size")
+# Ops that run per sample only in their eval form (``training`` / ``use_input_stats`` False).
+_MIX_FLAGS = ("training", "use_input_stats")
+
+
+def _mixes_samples(func, bound: dict) -> str | None:
+    """Why ``func``'s result would depend on several samples (so a per-sample run would be
+    silently wrong), or None. Batch norm in training normalises with statistics over the whole
+    batch and updates running statistics once per batch; a reduction over every dim includes
+    the batch dim."""
+    name = func._schema.name.split("::")[-1]
+    if "batch_norm" in name or name == "instance_norm":
+        flags = [bound[f] for f in _MIX_FLAGS if isinstance(bound.get(f), bool)]
+        eval_only = name.endswith(("_no_training", "_no_update")) or (flags and not any(flags))
+        if name == "instance_norm" and bound.get("running_mean") is None:
+            eval_only = True  # per-sample statistics and nothing to update: each sample alone
+        if not eval_only:
+            return (
+                "its result mixes samples (batch statistics over the whole batch, running statistics updated "
+                "once per batch); per sample it would silently normalise each sample with its own statistics. "
+                "F.batch_norm / nn.BatchNorm*d and F.instance_norm have NestedTensor handlers: call them"
+            )
+    for a in func._schema.arguments:
+        if a.name in ("dim", "dims") and ("List" in str(a.type) or "Optional" in str(a.type)):
+            v = bound.get(a.name)
+            if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
+                return "it reduces over every dim, the batch dim included (its result mixes samples)"
+    return None
 
 
 def _refusal(func, args: tuple, kwargs: dict) -> str | None:
@@ -34,6 +61,9 @@ def _refusal(func, args: tuple, kwargs: dict) -> str | None:
     ndim = nts[0].dim()
     bound = dict(zip((a.name for a in schema.arguments), args))
     bound.update(kwargs)
+    mixes = _mixes_samples(func, bound)
+    if mixes is not None:
+        return mixes
     for a in schema.arguments:
         t = str(a.type)
         v = bound.get(a.name)
@@ -100,6 +130,12 @@ def _run(func, args: tuple, kwargs: dict, named_op, differentiable: bool) -> Any
             raise NotImplementedError(
                 f"padless: {op_name(func)} returns {type(outs[0]).__name__} per sample; the per-sample "
                 "fallback only packs tensors"
+            )
+        if outs[0].dim() == 0:
+            raise NotImplementedError(
+                f"padless: {op_name(named_op)} is not supported on NestedTensor: it returns a scalar for a batch "
+                "of one sample, so it reduces over the batch dim and its result mixes samples (per-sample results "
+                "are not the batch's result). Reduce x.values() (packed rows) or each sample of x.unbind() instead"
             )
         samples = [o.squeeze(0) for o in outs]
         ragged = ref.ragged_dims if samples[0].dim() == ref.sample_dim else None
