@@ -106,3 +106,8 @@ def test_cat_channels_unet_skip():
     c, _ = leaves([(3, 3, 4), (3, 0, 2), (3, 2, 5)])
     with pytest.raises(ValueError, match=r"cat\(\).*sample 2"):
         torch.cat([a[0], c], 1)
+
+
+def test_pad_transposed_storage_and_bf16():
+    check_op(lambda x: F.pad(x.transpose(2, 3), (1, 0, 2, 1), mode="replicate"), IMAGES)
+    check_op(lambda x: F.pad(x, (1, 1, 1, 1), value=0.5), IMAGES, dtype=torch.bfloat16)

@@ -115,3 +115,9 @@ def test_interpolate_errors():
     seq, _ = leaves([(3,), (4,)])
     with pytest.raises(ValueError, match=r"interpolate\(\): samples must be \(C, \*spatial\) with 1 to 3 spatial dims"):
         F.interpolate(seq, scale_factor=2)
+
+
+def test_interpolate_transposed_storage_and_bf16():
+    """Images whose ragged dims are stored (W, H) (a transpose) and bfloat16 images."""
+    check_op(lambda x: F.interpolate(x.transpose(2, 3), scale_factor=2, mode="bilinear"), IMAGES, atol=1e-5, rtol=1e-5)
+    check_op(lambda x: F.interpolate(x, size=(3, 5), mode="bilinear"), IMAGES, dtype=torch.bfloat16, atol=1e-2, rtol=1e-2)
