@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from padless.ops import dims, reduce
+from padless.ops.kernels import grouped_mm
 from padless.ops.structure import STATIC, keep_all, restructure, values_dim
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.construct import from_list
@@ -118,6 +119,9 @@ def matmul(func, a, b) -> Tensor:
     if nb and not na:
         return _matmul_dense_nested("matmul", a, b)
     out_ragged = _matmul_out_ragged(a, b)
+    fused = grouped_mm.matmul_nested(a, b)  # one Triton launch on CUDA (kernels.dispatch), else None
+    if fused is not None:
+        return fused
     return per_sample("matmul", torch.matmul, [a, b], out_ragged)
 
 
@@ -169,6 +173,10 @@ def einsum(func, equation: str, *operands) -> Tensor:
     if not summed or len(order) <= largest:
         return _einsum_broadcast(ins, out, summed, order, operands)
     out_ragged = tuple(i for i, c in enumerate(out[1:]) if c in ragged_letters)
+    if len(operands) == 2:
+        fused = grouped_mm.contract_nested(operands[0], ins[0][1:], operands[1], ins[1][1:], out[1:])
+        if fused is not None:
+            return fused
     sample_eq = ",".join(s[1:] for s in ins) + "->" + out[1:]
     return per_sample("einsum", lambda *xs: torch.einsum(sample_eq, *xs), operands, out_ragged)
 

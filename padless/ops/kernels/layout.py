@@ -50,7 +50,7 @@ class LayoutMeta:
         b = sizes.shape[0]
         ext = torch.ones(b, 3, dtype=torch.int64)
         e = [1, 1, 1]
-        for k, d in enumerate(sorted(ragged)):
+        for k, d in enumerate(ragged):  # storage order
             ext[:, 3 - len(ragged) + k] = sizes[:, d]
             e[3 - len(ragged) + k] = int(env[d])
         rows = ext.prod(1)

@@ -45,9 +45,9 @@ def strided_plan(
     sizes: Tensor, offsets: Tensor, ragged: tuple[int, ...], reduced: tuple[int, ...], n_groups: int
 ) -> tuple[Tensor, Tensor, Tensor] | None:
     """``(start, count, stride)`` per group, in the group order of ``Groups.gid``; None when
-    the reduced dims are not consecutive among the ragged dims (storage order)."""
-    ragged = tuple(sorted(ragged))
-    pos = [ragged.index(d) for d in sorted(reduced)]
+    the reduced dims are not consecutive among the ragged dims (storage order, as ``ragged``)."""
+    ragged = tuple(ragged)  # storage order (a transposed pair stores (1, 0))
+    pos = sorted(ragged.index(d) for d in reduced)
     if not pos or pos != list(range(pos[0], pos[0] + len(pos))):
         return None
     before, block, after = ragged[: pos[0]], ragged[pos[0] : pos[-1] + 1], ragged[pos[-1] + 1 :]

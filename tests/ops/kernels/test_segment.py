@@ -101,3 +101,11 @@ def test_integer_and_non_consecutive_dims_use_the_twin(kernel_device, monkeypatc
     nt, _ = make_batch("three_ragged", device=kernel_device)
     torch.sum(nt, dim=(1, 3))
     assert "not consecutive" in dispatch.explain("segment_reduce").reason
+
+
+def test_transposed_pair_storage_order(kernel_device):
+    # p.transpose(1, 2) stores its ragged dims as (1, 0): groups follow the storage order
+    for dim in (1, 2):
+        for op in ("sum", "logsumexp"):
+            compare_backends(lambda x: REDUCTIONS[op](x.transpose(1, 2), dim), _batch("rect", torch.float32, kernel_device), torch.float32)
+            assert dispatch.explain("segment_reduce").backend == "triton"
