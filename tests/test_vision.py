@@ -159,3 +159,13 @@ def test_drop_tokens_errors():
         drop_tokens(x, 0)
     with pytest.raises(TypeError, match=r"drop_tokens\(\): tokens must be a NestedTensor \(N_i, \.\.\.\) ragged along dim 1"):
         drop_tokens(x.transpose(1, 2), 0.5)
+
+
+def test_apply_rope_2d_input_errors():
+    images = _images()
+    cos, sin = rope_2d(images, P, 8)
+    with pytest.raises(TypeError, match=r"apply_rope_2d\(\): x, cos and sin must be NestedTensors of tokens"):
+        apply_rope_2d(torch.randn(19, 8), cos, sin)
+    fewer = padless.from_list([torch.randn(n, 8) for n in (6, 1)])
+    with pytest.raises(padless.StructureError, match=r"apply_rope_2d\(\): x and cos must have the same tokens: 2 vs 5 samples"):
+        apply_rope_2d(fewer, cos, sin)

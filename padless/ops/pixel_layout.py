@@ -50,8 +50,6 @@ def pad_ragged(nt: NestedTensor, pads: Sequence[int], mode: str = "constant", va
 def _check_std_images(op: str, nt: NestedTensor) -> bool:
     """True for ``(C, H_i, W_i)`` images with a static C and ragged ``(H, W)`` stored row-major,
     the layout the one-permutation path handles; other layouts go by sample shape."""
-    if not isinstance(nt, NestedTensor):
-        raise TypeError(f"{op}(): expected a NestedTensor, got {type(nt).__name__}")
     if nt.sample_dim < 3:
         raise ValueError(f"{op}(): samples must be (*, C, H, W) with at least 3 dims, got rank {nt.sample_dim} (envelope {tuple(nt.shape)})")
     return nt.sample_dim == 3 and nt._ragged == (1, 2)
@@ -137,8 +135,8 @@ def pixel_unshuffle(func, input: NestedTensor, downscale_factor: int) -> NestedT
 def unfold(func, input: NestedTensor, kernel_size, dilation=1, padding=0, stride=1) -> NestedTensor:
     """``F.unfold`` of every image alone: ``(C, H_i, W_i)`` -> ``(C*kh*kw, L_i)`` sliding blocks,
     ragged along the block dim (one dense call per image size)."""
-    if not isinstance(input, NestedTensor) or input.sample_dim != 3:
-        raise ValueError(f"unfold(): expected images (C, H_i, W_i), got samples of rank {getattr(input, 'sample_dim', None)}")
+    if input.sample_dim != 3:
+        raise ValueError(f"unfold(): expected images (C, H_i, W_i), got samples of rank {input.sample_dim} (envelope {tuple(input.shape)})")
     return apply_by_shape(
         "unfold", input, lambda dense, key: F.unfold(dense, kernel_size, dilation, padding, stride), out_ragged=(1,)
     )

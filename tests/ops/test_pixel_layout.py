@@ -111,3 +111,9 @@ def test_cat_channels_unet_skip():
 def test_pad_transposed_storage_and_bf16():
     check_op(lambda x: F.pad(x.transpose(2, 3), (1, 0, 2, 1), mode="replicate"), IMAGES)
     check_op(lambda x: F.pad(x, (1, 1, 1, 1), value=0.5), IMAGES, dtype=torch.bfloat16)
+
+
+def test_unfold_needs_images():
+    seq, _ = leaves([(3, 4), (2, 4)])
+    with pytest.raises(ValueError, match=r"unfold\(\): expected images \(C, H_i, W_i\), got samples of rank 2"):
+        F.unfold(seq, 2)

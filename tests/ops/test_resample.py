@@ -121,3 +121,15 @@ def test_interpolate_transposed_storage_and_bf16():
     """Images whose ragged dims are stored (W, H) (a transpose) and bfloat16 images."""
     check_op(lambda x: F.interpolate(x.transpose(2, 3), scale_factor=2, mode="bilinear"), IMAGES, atol=1e-5, rtol=1e-5)
     check_op(lambda x: F.interpolate(x, size=(3, 5), mode="bilinear"), IMAGES, dtype=torch.bfloat16, atol=1e-2, rtol=1e-2)
+
+
+def test_interpolate_batch_level_errors():
+    empty = padless.from_list([torch.randn(2, 3, 3)], ragged_dims=(1, 2))[:0]
+    with pytest.raises(ValueError, match=r"interpolate\(\): the batch has no samples"):
+        F.interpolate(empty, scale_factor=2)
+    w_static, _ = leaves([(2, 3, 4), (2, 5, 4)])  # ragged H only: W is one extent for the batch
+    with pytest.raises(ValueError, match=r"interpolate\(\): the outputs of different samples differ in the static dims \[\(2, 3\), \(2, 4\)\]"):
+        F.interpolate(w_static, size=[(2, 3), (2, 4)])
+    nt, _ = leaves(SHAPES)
+    with pytest.raises(padless.StructureError, match=r"interpolate\(\): size is a NestedTensor of rank-1 samples; it needs at least 2 dims"):
+        F.interpolate(nt, size=padless.from_list([torch.zeros(n) for n in (1, 2, 3, 4)]))
