@@ -131,7 +131,10 @@ def decode_image(
 
 
 def image_header_size(path: Any) -> tuple[int, int]:
-    """``(H, W)`` from the file header, without decoding the pixels."""
+    """``(H, W)`` from the file header, without decoding the pixels (and without Pillow's
+    decompression-bomb warning: the caller checks the size against its own limit)."""
     Image = require("PIL.Image", "padless.loaders image sizes")
-    with Image.open(path) as img:
-        return img.height, img.width
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        with Image.open(path) as img:
+            return img.height, img.width
