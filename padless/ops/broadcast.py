@@ -17,6 +17,7 @@ cached; the op then runs once on the gathered rows. Backward is the matching
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Callable, Sequence
 
@@ -62,11 +63,14 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     dev = ref._values.device
     hit = ref._meta.derived.get(key)
     if hit is not None:
+        order = ref._meta.derived.get(_ORDER)
+        if order is not None and key in order:
+            order.move_to_end(key)
         return hit
     for provide in PLAN_PROVIDERS:  # e.g. pair maps precomputed by the collator in a worker
         provided = provide(opname, nts)
         if provided is not None:
-            ref._meta.derived[key] = provided
+            _remember(ref._meta, key, provided)
             return provided
     b = ref.batch_size
     ndim = ref.sample_dim
@@ -124,9 +128,32 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     sizes_dev = out_sizes if dev.type == "cpu" else out_sizes.to(dev, non_blocking=True)
     offsets_dev = out_offsets if dev.type == "cpu" else out_offsets.to(dev, non_blocking=True)
     template = NestedTensor(placeholder, offsets_dev, sizes_dev, out_ragged, env, meta)
-    p = Plan(template, rows, squeeze, keepalive=tuple(n._meta for n in nts))
-    ref._meta.derived[key] = p
+    p = Plan(template, rows, squeeze, keepalive=tuple(n._meta for n in nts[1:]))
+    _remember(ref._meta, key, p)
     return p
+
+
+PLAN_CACHE_SIZE = 16
+"""Plans one structure keeps for its latest broadcast partners. A plan keeps its partners'
+metadata alive (its key holds their ``id``), so a long-lived operand broadcast against a new
+structure every step would otherwise keep every partner ever seen."""
+
+_ORDER = "broadcast_lru"
+
+
+def _remember(meta: StructureMeta, key: tuple, p: Plan) -> None:
+    """Cache ``p`` on ``meta`` under ``key``, dropping the least recently used plan past
+    :data:`PLAN_CACHE_SIZE` (plans installed directly by the collator are not counted)."""
+    d = meta.derived
+    order = d.get(_ORDER)
+    if order is None:
+        order = d[_ORDER] = collections.OrderedDict()
+    d[key] = p
+    order[key] = None
+    order.move_to_end(key)
+    while len(order) > PLAN_CACHE_SIZE:
+        old, _ = order.popitem(last=False)
+        d.pop(old, None)
 
 
 def align(values: Tensor, rows: Tensor | None, squeeze: tuple[int, ...]) -> Tensor:

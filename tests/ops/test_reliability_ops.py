@@ -80,3 +80,57 @@ def test_extreme_over_nonempty_ragged_dim_keeps_working_beside_empty_samples():
     x = padless.from_list([torch.zeros(2, 0), torch.ones(2, 3)], ragged_dims=(0, 1))
     out = x.amax(dim=1)  # torch: (2, 0).amax(0) is a (0,) tensor
     assert [tuple(s.shape) for s in out.unbind()] == [(0,), (3,)]
+
+
+# ---------------------------------------------------------------------------- item 5: bounded plan cache
+
+
+def _live_metas() -> int:
+    import gc
+
+    from padless.tensor.core import StructureMeta
+
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is StructureMeta)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny host-metadata ops; on a busy machine waking a second OpenMP thread costs ms each."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def test_broadcast_plans_of_a_long_lived_left_operand_stay_bounded(one_thread):
+    # Before: one plan per partner, each keeping two StructureMetas alive (2,002 after 1,000 steps)
+    from padless.ops.broadcast import PLAN_CACHE_SIZE
+
+    g = torch.Generator().manual_seed(0)
+    left = padless.from_list([torch.randn(3, 1, 2, generator=g) for _ in range(8)])
+    base = _live_metas()
+    seen = []
+    for step in range(1000):
+        lens = torch.randint(1, 6, (8,), generator=g)
+        right = padless.from_values(torch.ones(int(lens.sum()), 1, 2), lengths=lens, ragged_dims=(1,))
+        out = left + right
+        if step == 0:
+            assert [tuple(s.shape) for s in out.unbind()] == [(3, n, 2) for n in lens.tolist()]
+        del out, right
+        if step in (99, 999):
+            seen.append(_live_metas() - base)
+    assert seen[0] == seen[1] <= 2 * PLAN_CACHE_SIZE + 2, seen
+
+
+def test_recently_used_plan_survives_eviction():
+    from padless.ops.broadcast import PLAN_CACHE_SIZE, plan
+
+    left = padless.from_list([torch.randn(2, 1), torch.randn(3, 1)])
+    keep = padless.from_list([torch.randn(1, 2), torch.randn(1, 4)], ragged_dims=(1,))
+    first = plan("add", [left, keep])
+    for n in range(PLAN_CACHE_SIZE + 4):
+        plan("add", [left, keep])  # touched: most recent
+        other = padless.from_list([torch.randn(1, n + 1), torch.randn(1, 1)], ragged_dims=(1,))
+        plan("add", [left, other])
+    assert plan("add", [left, keep]) is first
