@@ -102,8 +102,11 @@ class StreamingBucketer:
         load = [0.0] * nb
         waiting = 0
         for n, s in enumerate(samples):
-            size = as_sizes([self.size_fn(s)], "StreamingBucketer: size_fn(sample)")
-            cost = float(self.constraint.costs(size)[0])
+            size = as_sizes([self.size_fn(s)], f"StreamingBucketer: size_fn(sample {n} of the stream)")
+            try:
+                cost = float(self.constraint.costs(size)[0])
+            except ValueError as e:
+                raise ValueError(f"StreamingBucketer: sample {n} of the stream (size {tuple(size[0].tolist())}): {e}") from e
             if cost > self.constraint.max_cost:
                 if self.oversize == "error":
                     raise ValueError(

@@ -35,13 +35,13 @@ import gzip
 import io
 import lzma
 import tarfile
-from typing import Any, BinaryIO, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 BLOCK = tarfile.BLOCKSIZE
-_MAGIC: tuple[tuple[bytes, Any], ...] = (
-    (b"\x1f\x8b", gzip.GzipFile),
-    (b"BZh", bz2.BZ2File),
-    (b"\xfd7zXZ\x00", lzma.LZMAFile),
+_MAGIC: tuple[tuple[bytes, Callable[[BinaryIO], BinaryIO]], ...] = (
+    (b"\x1f\x8b", lambda f: gzip.GzipFile(fileobj=f, mode="rb")),  # type: ignore[arg-type,return-value]
+    (b"BZh", lambda f: bz2.BZ2File(f, mode="rb")),  # type: ignore[return-value]
+    (b"\xfd7zXZ\x00", lambda f: lzma.LZMAFile(f, mode="rb")),  # type: ignore[return-value]
 )
 
 
@@ -89,7 +89,7 @@ def decompressed(stream: BinaryIO) -> BinaryIO:
     raw = io.BufferedReader(_Prefixed(head, stream))
     for magic, reader in _MAGIC:
         if head.startswith(magic):
-            return reader(fileobj=raw, mode="rb")
+            return reader(raw)
     return raw  # type: ignore[return-value]
 
 

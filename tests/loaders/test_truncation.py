@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import io
+import lzma
 import tarfile
 import warnings
 
@@ -139,13 +141,23 @@ def test_concatenated_tars_are_reported_not_skipped(tmp_path) -> None:
 
 
 def test_complete_shards_read_without_a_word(tmp_path) -> None:
-    for name, blob in (("a.tar", shard_bytes()), ("a.tar.gz", gzip.compress(shard_bytes()))):
+    raw = shard_bytes()
+    for name, blob in (("a.tar", raw), ("a.tar.gz", gzip.compress(raw)), ("a.tar.bz2", bz2.compress(raw)), ("a.tar.xz", lzma.compress(raw))):
         path = str(tmp_path / name)
         with open(path, "wb") as f:
             f.write(blob)
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             assert [s["__key__"] for s in WebDatasetReader(path)] == KEYS
+
+
+def test_cut_bzip2_and_xz_shards_reach_the_handler(tmp_path) -> None:
+    for name, blob in (("c.tar.bz2", bz2.compress(shard_bytes())), ("c.tar.xz", lzma.compress(shard_bytes()))):
+        path = str(tmp_path / name)
+        with open(path, "wb") as f:
+            f.write(blob[: len(blob) - 10])
+        _, calls = read(path)
+        assert len(calls) == 1 and "EOFError" in str(calls[0][1])
 
 
 def test_tar_members_on_a_plain_stream() -> None:
