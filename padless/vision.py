@@ -16,10 +16,12 @@ the token layout with one ``index_select``::
   gradients into the grid;
 * :func:`factorized_pos_embed`: a row table plus a column table (looked up, or resized to
   every grid);
-* :func:`rope_2d` / :func:`apply_rope_2d`: axial 2-D rotary positions (half of each head's
-  dims rotate with the token's row, half with its column);
+* :func:`rope_2d` / :func:`apply_rope_2d`: axial 2-D rotary positions from
+  :func:`padless.patch_grid` (half of each head's dims rotate with the token's row, half
+  with its column);
 * :func:`drop_tokens`: keep a fraction of every image's tokens (NaViT-style), packed,
-  deterministic given a generator, at least one token per non-empty image.
+  deterministic given a generator, at least one token per non-empty image;
+  :func:`take_tokens` drops coordinates or positions the same way.
 
 >>> images = padless.from_list([torch.randn(3, 32, 48), torch.randn(3, 16, 16)])
 >>> tokens = padless.patchify(images, 16) @ w_embed           # (N_i, D)
@@ -37,13 +39,13 @@ from torch import Tensor
 
 from padless.ops.patchify import _check_images, _pair, _patch_rows
 from padless.ops.shape import from_host_structure, host_structure
-from padless.ops.structure import keep_all, restructure
+from padless.ops.structure import RAGGED, STATIC, keep_all, restructure
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape
 from padless.tensor.errors import StructureError
 
-__all__ = ["apply_rope_2d", "drop_tokens", "factorized_pos_embed", "grid_sizes", "interpolate_pos_embed", "rope_2d"]
+__all__ = ["apply_rope_2d", "drop_tokens", "factorized_pos_embed", "grid_sizes", "interpolate_pos_embed", "rope_2d", "take_tokens"]
 
 Patch = int | Sequence[int]
 
@@ -183,28 +185,31 @@ def _resize_1d(table: Tensor, extents: list[int], mode: str, antialias: bool) ->
     return torch.cat(pieces, 0), start
 
 
-def rope_2d(images: NestedTensor, patch: Patch, dim: int, *, theta: float = 100.0) -> tuple[NestedTensor, NestedTensor]:
-    """Axial 2-D rotary embedding of every token: ``(cos, sin)``, each ``(N_i, dim)`` packed like
-    the tokens.
+def rope_2d(coords: NestedTensor, dim: int, *, theta: float = 100.0, dtype: torch.dtype = torch.float32) -> tuple[NestedTensor, NestedTensor]:
+    """Axial 2-D rotary angles of every token: ``(cos, sin)``, each ``(N_i, dim)`` with the
+    structure of ``coords``.
 
-    The first ``dim / 2`` dims rotate with the token's grid row, the last ``dim / 2`` with its
-    column, each at frequencies ``theta ** (-2k / (dim / 2))`` for ``k < dim / 4``, in the
-    "rotate half" pairing (dim j pairs with dim ``j + dim / 4`` inside each half). ``dim`` must
-    be a multiple of 4. Use :func:`apply_rope_2d` on queries and keys.
+    ``coords`` is the ``(N_i, 2)`` integer ``(row, col)`` of every token, as
+    :func:`padless.patch_grid` gives it (or the kept coordinates after :func:`drop_tokens`,
+    via :func:`take_tokens`). The first ``dim / 2`` dims rotate with the row, the last
+    ``dim / 2`` with the column, at frequencies ``theta ** (-2k / (dim / 2))`` for
+    ``k < dim / 4``, in the "rotate half" pairing (dim j pairs with dim ``j + dim / 4`` inside
+    each half). ``dim`` must be a multiple of 4. Computed on ``coords``' device, no sync.
+    Use :func:`apply_rope_2d` on queries and keys.
     """
     op = "rope_2d"
     if isinstance(dim, bool) or not isinstance(dim, int) or dim <= 0 or dim % 4:
         raise ValueError(f"{op}(): dim must be a positive multiple of 4 (two axes, each rotating pairs), got {dim!r}")
-    grid, tok_off, coords = _grid(op, images, patch)
+    if not isinstance(coords, NestedTensor) or coords._ragged != (0,) or coords._values.shape[1:] != (2,):
+        raise TypeError(f"{op}(): coords must be a NestedTensor (N_i, 2) of token (row, col), as padless.patch_grid gives")
     q = dim // 4
-    freqs = theta ** (-torch.arange(q, dtype=torch.float64) / q)
-    ang_r = coords[:, :1].double() * freqs  # (N, q)
-    ang_c = coords[:, 1:].double() * freqs
+    c = coords._values
+    freqs = theta ** (-torch.arange(q, dtype=torch.float64, device=c.device) / q)
+    ang_r = c[:, :1].double() * freqs  # (N, q)
+    ang_c = c[:, 1:].double() * freqs
     ang = torch.cat([ang_r, ang_r, ang_c, ang_c], 1)  # rotate-half pairs within each axis half
-    dev, dt = images.device, images.dtype if images.dtype.is_floating_point else torch.float32
-    cos = ang.cos().to(device=dev, dtype=dt)
-    sin = ang.sin().to(device=dev, dtype=dt)
-    return _tokens_like(op, cos, images, grid, tok_off), _tokens_like(op, sin, images, grid, tok_off)
+    dims = [(RAGGED, 0), (STATIC, dim)]
+    return restructure(coords, ang.cos().to(dtype), dims), restructure(coords, ang.sin().to(dtype), dims)
 
 
 def apply_rope_2d(x: NestedTensor, cos: NestedTensor, sin: NestedTensor) -> NestedTensor:
@@ -229,6 +234,34 @@ def apply_rope_2d(x: NestedTensor, cos: NestedTensor, sin: NestedTensor) -> Nest
     rotated = torch.stack([-parts[..., 1, :], parts[..., 0, :]], -2).flatten(-3)
     out = v * c + rotated * s
     return restructure(x, out, keep_all(x))
+
+
+def take_tokens(x: NestedTensor, index: NestedTensor) -> NestedTensor:
+    """Rows ``index[i]`` of every sample i of ``x`` ``(N_i, ...)``: ``index`` is an int64
+    NestedTensor ``(K_i,)`` of sample-local indices (as :func:`drop_tokens` returns), and the
+    result is ``(K_i, ...)``. Gathers on the device with the host offsets of ``index``, no sync.
+    Use it to drop positions or coordinates the way the tokens were dropped."""
+    op = "take_tokens"
+    if not isinstance(x, NestedTensor) or not isinstance(index, NestedTensor) or x._ragged != (0,) or index._ragged != (0,):
+        raise TypeError(f"{op}(): x (N_i, ...) and index (K_i,) must be NestedTensors ragged along dim 1")
+    if x.batch_size != index.batch_size:
+        raise StructureError(f"{op}(): x has {x.batch_size} samples, index has {index.batch_size}")
+    io = host_structure(index, op)[1]
+    hs = host_structure(x, op)[0].clone()
+    sid = layout.row_sample_ids(io, int(io[-1])).to(x._offsets.device, non_blocking=True)
+    n = (x._offsets[1:] - x._offsets[:-1]).index_select(0, sid)
+    bad = (index._values < 0) | (index._values >= n)
+    if bad.device.type == "cpu":  # host data: name the sample; on a device, check without a sync
+        if bool(bad.any()):
+            j = int(bad.nonzero()[0, 0])
+            i = int(sid[j])
+            raise IndexError(f"{op}(): index {int(index._values[j])} of sample {i} is out of range for its {int(hs[i, 0])} tokens")
+    else:
+        torch._assert_async(~bad.any(), f"{op}(): a sample-local index is out of range for its sample")
+    rows = x._offsets.index_select(0, sid) + index._values
+    vals = values_of(x).index_select(0, rows)
+    hs[:, 0] = io[1:] - io[:-1]
+    return from_host_structure(vals, hs, (0,), x, io)
 
 
 def drop_tokens(

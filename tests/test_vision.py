@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 import padless
 from padless.testing import assert_close_samples
-from padless.vision import apply_rope_2d, drop_tokens, factorized_pos_embed, grid_sizes, interpolate_pos_embed, rope_2d
+from padless.vision import apply_rope_2d, drop_tokens, factorized_pos_embed, grid_sizes, interpolate_pos_embed, rope_2d, take_tokens
 
 P = 4
 # patch grids (2, 3), (1, 1), (0, 2) (an empty image), (2, 3) (a repeated size), (3, 1)
@@ -108,7 +108,7 @@ def _ref_rope(x: torch.Tensor, h: int, w: int, theta: float) -> torch.Tensor:
 
 def test_rope_2d_matches_complex_rotation():
     images = _images()
-    cos, sin = rope_2d(images, P, 8, theta=10.0)
+    cos, sin = rope_2d(padless.patch_grid(images, P), 8, theta=10.0)
     g = torch.Generator().manual_seed(1)
     qs = [torch.randn((h // P) * (w // P), 2, 8, generator=g) for h, w in HW]
     q = padless.from_list(qs, requires_grad=True)
@@ -121,9 +121,12 @@ def test_rope_2d_matches_complex_rotation():
 
 def test_rope_2d_errors():
     images = _images()
+    coords = padless.patch_grid(images, P)
     with pytest.raises(ValueError, match=r"rope_2d\(\): dim must be a positive multiple of 4"):
-        rope_2d(images, P, 6)
-    cos, sin = rope_2d(images, P, 8)
+        rope_2d(coords, 6)
+    with pytest.raises(TypeError, match=r"rope_2d\(\): coords must be a NestedTensor \(N_i, 2\) of token \(row, col\)"):
+        rope_2d(images, 8)
+    cos, sin = rope_2d(coords, 8)
     wrong = padless.from_list([torch.randn(n, 8) for n in (6, 1, 0, 5, 3)])
     with pytest.raises(padless.StructureError, match=r"apply_rope_2d\(\): x and cos must have the same tokens: sample 3 has \(5, 8\), cos has \(6, 8\)"):
         apply_rope_2d(wrong, cos, sin)
@@ -163,9 +166,34 @@ def test_drop_tokens_errors():
 
 def test_apply_rope_2d_input_errors():
     images = _images()
-    cos, sin = rope_2d(images, P, 8)
+    cos, sin = rope_2d(padless.patch_grid(images, P), 8)
     with pytest.raises(TypeError, match=r"apply_rope_2d\(\): x, cos and sin must be NestedTensors of tokens"):
         apply_rope_2d(torch.randn(19, 8), cos, sin)
     fewer = padless.from_list([torch.randn(n, 8) for n in (6, 1)])
     with pytest.raises(padless.StructureError, match=r"apply_rope_2d\(\): x and cos must have the same tokens: 2 vs 5 samples"):
         apply_rope_2d(fewer, cos, sin)
+
+
+def test_take_tokens_and_rope_after_dropping():
+    """Dropping tokens then rotating by the kept coordinates == rotating then dropping."""
+    images = _images()
+    coords = padless.patch_grid(images, P)
+    g = torch.Generator().manual_seed(4)
+    q = padless.from_list([torch.randn(n, 2, 8, generator=g) for n in (6, 1, 0, 6, 3)])
+    kept, index = drop_tokens(q, 0.5, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(take_tokens(q, index).values(), kept.values())
+    late = apply_rope_2d(kept, *rope_2d(take_tokens(coords, index), 8))
+    early = take_tokens(apply_rope_2d(q, *rope_2d(coords, 8)), index)
+    torch.testing.assert_close(late.values(), early.values())
+    assert [tuple(t.shape) for t in take_tokens(coords, index).unbind()] == [(3, 2), (1, 2), (0, 2), (3, 2), (2, 2)]
+
+
+def test_take_tokens_errors():
+    x = padless.from_list([torch.randn(3, 4), torch.randn(2, 4)])
+    idx = padless.from_list([torch.tensor([0, 2])])
+    with pytest.raises(padless.StructureError, match=r"take_tokens\(\): x has 2 samples, index has 1"):
+        take_tokens(x, idx)
+    with pytest.raises(TypeError, match=r"take_tokens\(\): x \(N_i, \.\.\.\) and index \(K_i,\) must be NestedTensors"):
+        take_tokens(x, torch.tensor([0]))
+    with pytest.raises(IndexError, match=r"take_tokens\(\): index 2 of sample 1 is out of range for its 2 tokens"):
+        take_tokens(x, padless.from_list([torch.tensor([0, 2]), torch.tensor([1, 2])]))
