@@ -85,12 +85,18 @@ class _Prefixed(io.RawIOBase):
 
 def decompressed(stream: BinaryIO) -> BinaryIO:
     """``stream`` itself, or a decompressing reader when it starts with a gzip, bzip2 or xz header."""
+    seekable = getattr(stream, "seekable", lambda: False)()
+    start = stream.tell() if seekable else 0
     head = stream.read(6)
-    raw = io.BufferedReader(_Prefixed(head, stream))
+    if seekable:
+        stream.seek(start)  # a local file: read on from where it started, with no extra layer
+        raw: BinaryIO = stream
+    else:
+        raw = io.BufferedReader(_Prefixed(head, stream))  # type: ignore[assignment]
     for magic, reader in _MAGIC:
         if head.startswith(magic):
             return reader(raw)
-    return raw  # type: ignore[return-value]
+    return raw
 
 
 class _LastRead:

@@ -165,3 +165,26 @@ def test_tar_members_on_a_plain_stream() -> None:
     assert [n for n, _ in tar_members(io.BytesIO(raw))][:2] == ["0000.txt", "0000.cls"]
     with pytest.raises(TruncatedShardError, match="partial header of 12 bytes"):
         list(tar_members(io.BytesIO(raw[: 512 + 1024 + 12])))
+
+
+class _Unseekable(io.RawIOBase):
+    """A pipe-like stream (as from ``pipe:curl ...``): no seek, no tell."""
+
+    def __init__(self, data: bytes) -> None:
+        self._src = io.BytesIO(data)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:  # noqa: ANN001
+        data = self._src.read(len(b))
+        b[: len(data)] = data
+        return len(data)
+
+
+def test_unseekable_streams_plain_and_compressed() -> None:
+    raw = shard_bytes()
+    for blob in (raw, gzip.compress(raw)):
+        assert [n for n, _ in tar_members(_Unseekable(blob))][-1] == "0002.cls"
+        with pytest.raises((TruncatedShardError, EOFError)):
+            list(tar_members(_Unseekable(blob[: 3000 if blob is raw else len(blob) // 2])))
