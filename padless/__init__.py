@@ -13,7 +13,7 @@ from padless.tensor import (
 from padless import ops as _ops  # noqa: F401  (registers the op layer)
 from padless import nested
 from padless.ops import patch_grid, patchify, unpatchify
-from padless.collate import Batch, Collator, Field, collate  # noqa: F401  (after the op layer)
+from padless.collate import Batch, Collator, Field, FlatteningCollator, collate  # noqa: F401  (after the op layer)
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
 __version__ = "0.1.0"
@@ -22,6 +22,7 @@ __all__ = [
     "Batch",
     "Collator",
     "Field",
+    "FlatteningCollator",
     "JaggedTensor",
     "KeyedJaggedTensor",
     "KeyedTensor",

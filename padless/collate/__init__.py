@@ -6,12 +6,15 @@
   position ids, sample ids, labels, pad-to-multiple), returning a :class:`Batch`;
 * :class:`Batch`: dict-like with attribute access; ``pin_memory()``,
   ``to(device, non_blocking=True)`` in one copy per dtype, ``record_stream()``,
-  and ``flash_attn_kwargs`` / ``hf_kwargs`` / ``padded`` for kernels and models.
+  and ``flash_attn_kwargs`` / ``hf_kwargs`` / ``padded`` for kernels and models;
+* :class:`FlatteningCollator`: a Hugging Face ``Trainer`` ``data_collator`` (tokenizer
+  output in, ``model(**batch)`` keyword arguments out).
 """
 
 from padless.collate.batch import Batch
 from padless.collate.collate import collate
 from padless.collate.collator import Collator, Field
+from padless.collate.hf import FlatteningCollator
 from padless.collate.metadata import FieldMeta, PairMaps, RowMaps
 from padless.collate.opcache import collated_plan
 from padless.ops.broadcast import PLAN_PROVIDERS
@@ -19,4 +22,4 @@ from padless.ops.broadcast import PLAN_PROVIDERS
 if collated_plan not in PLAN_PROVIDERS:  # pair maps made in the worker serve derived fields too
     PLAN_PROVIDERS.append(collated_plan)
 
-__all__ = ["Batch", "Collator", "Field", "FieldMeta", "PairMaps", "RowMaps", "collate", "collated_plan"]
+__all__ = ["Batch", "Collator", "Field", "FieldMeta", "FlatteningCollator", "PairMaps", "RowMaps", "collate", "collated_plan"]

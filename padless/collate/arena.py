@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,6 +49,7 @@ class Arena:
     def __init__(self) -> None:
         self._slots: list[Slot] = []
         self.buffers: dict[torch.dtype, Tensor] = {}
+        self._np: dict[torch.dtype, np.ndarray] = {}
 
     def reserve(self, dtype: torch.dtype, numel: int, *, host: bool = False) -> Slot:
         if self.buffers:
@@ -68,9 +70,26 @@ class Arena:
                     ends[s.dtype] = start + s.numel
         self.buffers = {dt: _empty(dt, n, shared) for dt, n in ends.items()}
 
-    def view(self, slot: Slot, shape: tuple[int, ...] | list[int]) -> Tensor:
-        buf = self.buffers[slot.dtype]
-        return buf[slot.start : slot.start + slot.numel].view(tuple(shape))
+    def view(self, slot: Slot, shape: tuple[int, ...] | list[int], at: int = 0) -> Tensor:
+        """The slot (from element ``at`` of it) as a contiguous tensor of ``shape``: one op."""
+        return self.buffers[slot.dtype].as_strided(tuple(shape), _strides(shape), slot.start + at)
+
+    def numpy(self, slot: Slot) -> np.ndarray:
+        """The slot as a 1-D numpy array sharing memory (integer and bool metadata is written
+        through numpy: a fraction of a torch op's overhead)."""
+        arr = self._np.get(slot.dtype)
+        if arr is None:
+            arr = self._np[slot.dtype] = self.buffers[slot.dtype].numpy()
+        return arr[slot.start : slot.start + slot.numel]
+
+
+def _strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
+    out = []
+    acc = 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= max(int(n), 1)
+    return tuple(reversed(out))
 
 
 def _itemsize(dtype: torch.dtype) -> int:
@@ -88,15 +107,3 @@ def _empty(dtype: torch.dtype, numel: int, shared: bool) -> Tensor:
 def in_worker() -> bool:
     """True inside a DataLoader worker process (collated batches go to shared memory)."""
     return torch.utils.data.get_worker_info() is not None
-
-
-def reserve_tensors(arena: Arena, tensors: list[tuple[Tensor, bool]]) -> list[Slot]:
-    """A slot for every ``(tensor, host_only)`` pair, to be filled by :func:`place`."""
-    return [arena.reserve(t.dtype, t.numel(), host=host) for t, host in tensors]
-
-
-def place(arena: Arena, t: Tensor, slot: Slot) -> Tensor:
-    """Copy a tensor computed during planning into its reserved slot; return the view."""
-    out = arena.view(slot, t.shape)
-    out.copy_(t)
-    return out

@@ -213,8 +213,11 @@ class Batch:
     def flash_attn_kwargs(self, field: str, key_field: str | None = None) -> dict[str, Any]:
         return interop.flash_attn_kwargs(self, field, key_field)
 
-    def hf_kwargs(self, field: str) -> dict[str, Any]:
-        return interop.hf_kwargs(self, field)
+    def hf_kwargs(
+        self, field: str, *, causal: bool = True, block_mask: bool = False, mask_dtype: torch.dtype = torch.float32
+    ) -> dict[str, Any]:
+        """Hugging Face's padding-free keyword arguments (see :func:`padless.collate.interop.hf_kwargs`)."""
+        return interop.hf_kwargs(self, field, causal=causal, block_mask=block_mask, mask_dtype=mask_dtype)
 
     def padded(self, field: str, value: float = 0.0) -> tuple[Tensor, Tensor]:
         return interop.padded(self, field, value)

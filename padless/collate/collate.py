@@ -46,9 +46,10 @@ from padless.collate.pack import (
     StackPlan,
     TensorPlan,
     as_tensors,
-    check_rank,
     check_static,
     common_dtype,
+    differing_dims,
+    shape_table,
 )
 from padless.collate.samples import field_label
 
@@ -86,8 +87,11 @@ def plan_samples(samples: Sequence[Any], path: str, opts: PackOptions = PackOpti
         where = f"field {field_label(path)}" if path else "the batch"
         raise ValueError(f"collate(): empty batch: {where} has no samples (a DataLoader never sends one; "
                          "check the sampler or drop_last)")
-    k0 = sk.kind(samples[0])
+    elem = samples[0]
+    k0 = sk.kind(elem)
     if k0 == sk.TENSOR:  # as_tensors checks every sample
+        return tensor_plan(path, samples, None, None, opts)
+    if k0 == sk.SEQUENCE and sk.is_number_list(elem):  # tokenizer output: a list of ids is a tensor
         return tensor_plan(path, samples, None, None, opts)
     kinds = [sk.kind(x) for x in samples]
     if k0 == sk.NONE and sk.TENSOR in kinds:
@@ -96,9 +100,9 @@ def plan_samples(samples: Sequence[Any], path: str, opts: PackOptions = PackOpti
         _same_kind(path, samples, kinds)
         return TensorPlan(sk.numbers_tensor(samples, path))
     if k0 in (sk.STRING, sk.OBJECT, sk.NONE):
+        _no_arrays(path, samples, kinds)
         return ObjectPlan(samples)
     _same_kind(path, samples, kinds)
-    elem = samples[0]
     if k0 == sk.MAPPING:
         return _mapping_plan(path, samples, opts)
     if k0 == sk.DATACLASS:
@@ -127,18 +131,15 @@ def tensor_plan(
 ) -> FieldPlan:
     """Stack or pack one tensor field. ``ragged=None`` infers: the dims that differ (stack if none)."""
     ts = as_tensors(path, samples)
-    check_rank(path, ts)
+    sizes = shape_table(path, ts)
     dtype = common_dtype(path, ts, cast)
     if ragged is None:
-        s0 = ts[0].shape
-        ragged = tuple(d for d in range(len(s0)) if any(t.shape[d] != s0[d] for t in ts))
-        if not ragged:
-            return StackPlan(ts, dtype)
+        ragged = differing_dims(sizes)
     else:
-        check_static(path, ts, ragged)
-        if not ragged:
-            return StackPlan(ts, dtype)
-    return RaggedPlan(path, ts, ragged, dtype, opts)
+        check_static(path, ts, ragged, sizes)
+    if not ragged:
+        return StackPlan(ts, dtype)
+    return RaggedPlan(path, ts, ragged, dtype, opts, sizes)
 
 
 def _same_kind(path: str, samples: Sequence[Any], kinds: list[str]) -> None:
@@ -151,11 +152,24 @@ def _same_kind(path: str, samples: Sequence[Any], kinds: list[str]) -> None:
             )
 
 
+def _no_arrays(path: str, samples: Sequence[Any], kinds: list[str]) -> None:
+    """A field kept as a list (strings, objects, None) must not hide a tensor or a number."""
+    for i, k in enumerate(kinds):
+        if k in (sk.TENSOR, sk.NUMBER) or (k == sk.SEQUENCE and sk.is_number_list(samples[i])):
+            first = "None" if kinds[0] == sk.NONE else f"a {type(samples[0]).__name__}"
+            raise TypeError(
+                f"collate(): field {field_label(path)}: sample {i} is a {type(samples[i]).__name__}, "
+                f"sample 0 is {first}; every sample of a field needs the same kind of value "
+                "(convert the odd ones in the dataset)"
+            )
+
+
 def _mapping_plan(path: str, samples: Sequence[Any], opts: PackOptions) -> FieldPlan:
     elem = samples[0]
     keys = list(elem.keys())
+    k0 = elem.keys()
     for i, s in enumerate(samples):
-        if len(s) != len(keys) or any(k not in s for k in keys):
+        if s.keys() != k0:
             missing = [k for k in keys if k not in s]
             extra = [k for k in s.keys() if k not in elem]
             what = f"has no key {missing[0]!r}" if missing else f"has key {extra[0]!r} that sample 0 lacks"
@@ -163,6 +177,9 @@ def _mapping_plan(path: str, samples: Sequence[Any], opts: PackOptions) -> Field
                 f"collate(): field {field_label(path)}: sample {i} {what} (sample 0 has keys {keys}); "
                 "every sample needs the same keys"
             )
+    if type(elem) is dict:
+        children = {k: plan_samples([s[k] for s in samples], _child(path, k), opts) for k in keys}
+        return ContainerPlan(children, dict)
     children = {k: plan_samples([s[k] for s in samples], _child(path, k), opts) for k in keys}
     return ContainerPlan(children, lambda built: _rebuild_mapping(elem, built))
 

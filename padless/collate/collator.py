@@ -46,9 +46,10 @@ from padless.collate.pack import (
     StackPlan,
     TensorPlan,
     as_tensors,
-    check_rank,
     check_static,
     common_dtype,
+    differing_dims,
+    shape_table,
 )
 from padless.collate.opcache import install
 from padless.collate import samples as sk
@@ -120,7 +121,7 @@ class Collator:
             col = [r[key] for r in rows]
             spec = self.fields.get(key)
             plans[key] = plan_samples(col, key) if spec is None else _plan_field(key, col, spec)
-        outputs = self._plan_outputs(plans)
+        outputs = self._plan_outputs(plans, rows)
         self._plan_pairs(plans)
         arena = Arena()
         for p in (*plans.values(), *outputs.values()):
@@ -141,7 +142,10 @@ class Collator:
             n, m = x.host_sizes[:, 0], y.host_sizes[:, 0]
             x.meta.pair = md.pair_maps(n, m, x.static, peer, owner=name)
 
-    def _plan_outputs(self, plans: dict[str, FieldPlan]) -> dict[str, "OutputPlan"]:
+    def _plan_outputs(self, plans: dict[str, FieldPlan], rows: list[Mapping[str, Any]]) -> dict[str, "OutputPlan"]:
+        """Plans of the declared per-row outputs. An output named like a key the samples carry
+        never overwrites it silently: ``labels`` builds on the samples' own labels (the
+        separator goes on top of them), any other role is an error."""
         out: dict[str, OutputPlan] = {}
         for name, spec in self.fields.items():
             plan = plans[name]
@@ -156,7 +160,17 @@ class Collator:
                 )
             plan.meta.outputs = dict(roles)
             for role, key in roles.items():
-                out[key] = OutputPlan(name, plan, role, spec)
+                own = None
+                if key in plans:
+                    if role != "labels":
+                        raise ValueError(
+                            f"Collator: field {name!r}: the {role} output {key!r} would overwrite the samples' own "
+                            f"{key!r} field; name the output differently (Field({role}='{key}_') ...) or drop "
+                            f"{key!r} from the samples"
+                        )
+                    own = _own_labels(name, plan, key, [r[key] for r in rows])
+                    del plans[key]
+                out[key] = OutputPlan(name, plan, role, spec, own)
         return out
 
 
@@ -192,6 +206,8 @@ def _as_rows(samples: Sequence[Any]) -> list[Mapping[str, Any]]:
         raise TypeError(f"Collator: expected a list of samples, got {type(samples).__name__}")
     if len(samples) == 0:
         raise ValueError("Collator: empty batch: no samples to collate (check the sampler or drop_last)")
+    if all(type(s) is dict for s in samples):
+        return list(samples)
     rows = []
     for i, s in enumerate(samples):
         if isinstance(s, collections.abc.Mapping):
@@ -210,9 +226,9 @@ def _as_rows(samples: Sequence[Any]) -> list[Mapping[str, Any]]:
 
 def _check_keys(rows: list[Mapping[str, Any]], keys: list[str]) -> None:
     """Every sample has sample 0's keys, no more, no less."""
-    n = len(keys)
+    k0 = rows[0].keys()
     for i, r in enumerate(rows):
-        if len(r) == n and all(k in r for k in keys):
+        if r.keys() == k0:
             continue
         missing = [k for k in keys if k not in r]
         if missing:
@@ -227,12 +243,11 @@ def _plan_field(name: str, col: list[Any], spec: Field) -> FieldPlan:
         t = sk.numbers_tensor(col, name)
         return TensorPlan(t if spec.dtype is None else t.to(spec.dtype))
     ts = as_tensors(name, col)
-    check_rank(name, ts)
+    sizes = shape_table(name, ts)
     dtype = common_dtype(name, ts, spec.dtype)
     ndim = ts[0].dim()
     if spec.ragged is None:
-        s0 = ts[0].shape
-        ragged = tuple(d for d in range(ndim) if any(t.shape[d] != s0[d] for t in ts)) or ((0,) if ndim else ())
+        ragged = differing_dims(sizes) or ((0,) if ndim else ())
     else:
         raw = (spec.ragged,) if isinstance(spec.ragged, int) else tuple(spec.ragged)
         for d in raw:
@@ -242,11 +257,11 @@ def _plan_field(name: str, col: list[Any], spec: Field) -> FieldPlan:
                     f"{fmt_shape(ts[0].shape)} (rank {ndim}; dims count sample dims, batch excluded)"
                 )
         ragged = tuple(sorted({d % ndim for d in raw}))
-        check_static(name, ts, ragged)
+        check_static(name, ts, ragged, sizes)
     if not ragged:
         return StackPlan(ts, dtype)
     opts = PackOptions(spec.row_maps, spec.padded_index, spec.pad_to_multiple, spec.pad_value)
-    return RaggedPlan(name, ts, ragged, dtype, opts)
+    return RaggedPlan(name, ts, ragged, dtype, opts, sizes)
 
 
 def _pair_operand(plans: dict[str, FieldPlan], name: str) -> RaggedPlan:
@@ -263,13 +278,15 @@ def _pair_operand(plans: dict[str, FieldPlan], name: str) -> RaggedPlan:
 class OutputPlan(FieldPlan):
     """A per-row output of a ragged field (positions, sample ids or labels) with its structure."""
 
-    def __init__(self, parent_name: str, parent: RaggedPlan, role: str, spec: Field) -> None:
+    def __init__(
+        self, parent_name: str, parent: RaggedPlan, role: str, spec: Field, source: list[Tensor] | None = None
+    ) -> None:
         self.parent_name, self.parent, self.role = parent_name, parent, role
-        rows = parent.meta.rows or md.row_maps(parent.host_sizes, parent.host_offsets, parent.ragged, parent.total)
         self.own_sizes = None
         if role == "labels":
-            self.t = _labels(parent, spec.label_separator)
+            self.t = _labels(parent, spec.label_separator, source)
         else:
+            rows = parent.meta.rows or md.row_maps(parent.host_sizes, parent.host_offsets, parent.ragged, parent.total)
             if role == "position_ids":
                 self.t = rows.coords[0] + spec.position_start if spec.position_start else rows.coords[0]
             else:
@@ -299,10 +316,28 @@ class OutputPlan(FieldPlan):
         return out
 
 
-def _labels(parent: RaggedPlan, separator: int) -> Tensor:
-    """The field's values as int64 with ``separator`` at each sample's first row (and on dummy rows)."""
+def _own_labels(name: str, parent: RaggedPlan, key: str, col: list[Any]) -> list[Tensor]:
+    """The samples' own ``key`` column as tensors shaped like the field's samples."""
+    ts = as_tensors(key, col)
+    for i, (lab, x) in enumerate(zip(ts, parent.ts)):
+        if lab.shape != x.shape:
+            raise ValueError(
+                f"Collator: field {name!r}: sample {i}'s own {key!r} has shape {fmt_shape(lab.shape)}, its {name!r} "
+                f"has {fmt_shape(x.shape)}; labels the samples carry need one label per token (mask with -100)"
+            )
+        if lab.dtype.is_floating_point or lab.dtype.is_complex:
+            raise TypeError(
+                f"Collator: field {name!r}: sample {i}'s own {key!r} has dtype {lab.dtype}; token labels are integers"
+            )
+    return ts
+
+
+def _labels(parent: RaggedPlan, separator: int, source: list[Tensor] | None = None) -> Tensor:
+    """``source`` (the samples' own labels; default: the field's values) as int64 with ``separator``
+    at each sample's first row (and on dummy rows), as Hugging Face's flattening collator does."""
     lab = torch.full((parent.total, *parent.static), separator, dtype=torch.int64)
-    torch.cat([t.to(torch.int64) for t in parent.ts], 0, out=lab[: parent.real_rows])
+    ts = parent.ts if source is None else source
+    torch.cat([t.to(torch.int64) for t in ts], 0, out=lab[: parent.real_rows])
     starts = parent.host_offsets[:-1][(parent.host_offsets[1:] - parent.host_offsets[:-1]) > 0]
     lab[starts] = separator
     return lab

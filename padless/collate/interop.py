@@ -55,14 +55,33 @@ def flash_attn_kwargs(batch: "Batch", field: str, key_field: str | None = None) 
     }
 
 
-def hf_kwargs(batch: "Batch", field: str) -> dict[str, Any]:
-    """Keyword arguments of Hugging Face transformers' padding-free path.
+def hf_kwargs(
+    batch: "Batch",
+    field: str,
+    *,
+    causal: bool = True,
+    block_mask: bool = False,
+    mask_dtype: torch.dtype = torch.float32,
+) -> dict[str, Any]:
+    """Keyword arguments of Hugging Face transformers' padding-free path: ``model(**kwargs)``.
 
     ``input_ids`` ``(1, T)`` (``inputs_embeds`` ``(1, T, C)`` for a float field),
     ``position_ids`` ``(1, T)`` (the field's declared ``position_ids`` output, else
     0-based positions from its row maps), ``cu_seq_lens_q/k`` (int32),
-    ``max_length_q/k`` (python ints), and ``labels`` ``(1, T)`` when the field
-    declares a ``labels`` output.
+    ``max_length_q/k`` (python ints), ``labels`` ``(1, T)`` when the field declares a
+    ``labels`` output, and ``use_cache=False`` for a causal model (``causal=True``, the
+    default): transformers only splits a packed row into its samples when no cache exists.
+
+    Which models keep the samples apart (checked against each sample run alone in
+    ``tests/collate/test_hf_transformers.py``, transformers 5.x):
+
+    * decoders (Llama and models built like it) with ``eager``, ``sdpa`` or
+      ``flex_attention``: yes, from ``position_ids`` when ``use_cache=False``;
+      ``flash_attention_2/3`` (CUDA): yes, from ``cu_seq_lens_q/k``;
+    * encoders (BERT-style) with ``eager`` or ``sdpa``: **no**, they attend across samples;
+      pass ``block_mask=True`` to add a ``(1, 1, T, T)`` additive ``attention_mask`` of
+      ``mask_dtype`` (0 inside a sample, the dtype's minimum elsewhere; causal too when
+      ``causal=True``). It costs ``T * T`` elements: for long packed rows use flash-attention.
     """
     x = _ragged(batch, field, "hf_kwargs", True)
     fm = field_meta(x)
@@ -82,7 +101,24 @@ def hf_kwargs(batch: "Batch", field: str) -> dict[str, Any]:
     out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=m, max_length_k=m)
     if "labels" in outputs:
         out["labels"] = batch[outputs["labels"]].values().unsqueeze(0)
+    if block_mask:
+        out["attention_mask"] = sample_block_mask(x, causal, mask_dtype)
+    if causal:
+        out["use_cache"] = False
     return out
+
+
+def sample_block_mask(x: NestedTensor, causal: bool, dtype: torch.dtype) -> Tensor:
+    """``(1, 1, T, T)`` additive mask over the packed rows of ``x``: 0 where query and key rows
+    belong to one sample (and, when ``causal``, the key does not follow the query), the dtype's
+    minimum elsewhere."""
+    sid = x.row_sample_ids()
+    keep = sid[:, None] == sid[None, :]
+    if causal:
+        keep = torch.tril(keep)
+    zero = torch.zeros((), dtype=dtype, device=x.device)
+    low = torch.full((), torch.finfo(dtype).min, dtype=dtype, device=x.device)
+    return torch.where(keep, zero, low)[None, None]
 
 
 def padded(batch: "Batch", field: str, value: float = 0.0) -> tuple[Tensor, Tensor]:

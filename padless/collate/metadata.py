@@ -88,33 +88,56 @@ class FieldMeta:
 # ---------------------------------------------------------------------------- tensors of a meta
 
 
+_LEAVES = (bool, int, float, str, dict, type(None))
+_FIELD_TABLE: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _fields_of(cls: type) -> tuple[tuple[str, bool], ...]:
+    """``(name, host_only)`` of a metadata dataclass's fields, read once per class."""
+    table = _FIELD_TABLE.get(cls)
+    if table is None:
+        table = tuple((f.name, bool(f.metadata.get("host", False))) for f in dataclasses.fields(cls))
+        _FIELD_TABLE[cls] = table
+    return table
+
+
 def map_tensors(obj: Any, fn: Callable[[Tensor, bool], Tensor], host: bool = False) -> Any:
     """Copy of a metadata object with every tensor ``t`` replaced by ``fn(t, is_host)``."""
     if isinstance(obj, Tensor):
         return fn(obj, host)
     if isinstance(obj, tuple):
         return tuple(map_tensors(o, fn, host) for o in obj)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(
-            obj,
-            **{
-                f.name: map_tensors(getattr(obj, f.name), fn, host or f.metadata.get("host", False))
-                for f in dataclasses.fields(obj)
-            },
-        )
-    return obj
+    if isinstance(obj, _LEAVES) or not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return obj
+    out = object.__new__(type(obj))
+    state = dict(obj.__dict__)
+    for name, h in _fields_of(type(obj)):
+        v = state[name]
+        if not isinstance(v, _LEAVES):
+            state[name] = map_tensors(v, fn, host or h)
+    out.__dict__.update(state)
+    return out
 
 
 def iter_tensors(obj: Any, host: bool = False) -> Iterator[tuple[Tensor, bool]]:
     """Every tensor of a metadata object with its residency (True: host-only)."""
+    out: list[tuple[Tensor, bool]] = []
+    _collect(obj, host, out)
+    return iter(out)
+
+
+def _collect(obj: Any, host: bool, out: list[tuple[Tensor, bool]]) -> None:
     if isinstance(obj, Tensor):
-        yield obj, host
+        out.append((obj, host))
     elif isinstance(obj, tuple):
         for o in obj:
-            yield from iter_tensors(o, host)
-    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        for f in dataclasses.fields(obj):
-            yield from iter_tensors(getattr(obj, f.name), host or f.metadata.get("host", False))
+            _collect(o, host, out)
+    elif not isinstance(obj, _LEAVES) and dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        d = obj.__dict__
+        for name, h in _fields_of(type(obj)):
+            v = d[name]
+            if not isinstance(v, _LEAVES):
+                _collect(v, host or h, out)
 
 
 # ---------------------------------------------------------------------------- worker-side maths

@@ -10,18 +10,20 @@ of the sample data.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from padless.collate import metadata as md
 from padless.collate.arena import Arena, Slot
 from padless.collate.opcache import install
-from padless.collate.samples import field_label, fmt_shape, to_tensor
+from padless.collate.samples import field_label, fmt_shape, lists_to_tensors, to_tensor
 from padless.tensor import layout
-from padless.tensor.core import NestedTensor, StructureMeta, envelope_from_sizes, mark_dynamic
+from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
 
 
 class FieldPlan:
@@ -47,7 +49,7 @@ class PackOptions:
 class Placer:
     """Reserves arena space for tensors computed while planning and copies them in when building.
 
-    Tensors of one dtype and residency share one slot, filled by one ``torch.cat``. A
+    Tensors of one dtype and residency share one slot, written through numpy. A
     tensor added both device-bound and host-only is stored once, device-bound: the
     host leaf is then the same CPU view (a move copies it along; it is tiny metadata).
     """
@@ -72,12 +74,12 @@ class Placer:
 
     def build(self, arena: Arena) -> None:
         for (dtype, host), (ts, slot) in self._groups.items():
-            flat = arena.view(slot, (slot.numel,))
-            torch.cat([t.reshape(-1) for t in ts], out=flat)
+            flat = arena.numpy(slot)
             pos = 0
             for t in ts:
                 n = t.numel()
-                self._views[id(t)] = flat[pos : pos + n].view(t.shape)
+                flat[pos : pos + n] = t.numpy().reshape(-1)
+                self._views[id(t)] = arena.view(slot, t.shape, pos)
                 pos += n
 
     def get(self, t: Tensor) -> Tensor:
@@ -89,7 +91,15 @@ class Placer:
 
 
 def as_tensors(path: str, samples: Sequence[Any]) -> list[Tensor]:
-    """Tensors of a tensor field; a None or a non-array sample is an error naming it."""
+    """Tensors of a tensor field; a None or a non-array sample is an error naming it.
+
+    Tensors pass as they are, numpy arrays and PIL images become tensor views, and
+    Python lists of numbers (tokenizer output) become tensors.
+    """
+    if all(type(x) is Tensor for x in samples):
+        return list(samples)
+    if any(type(x) is list for x in samples):
+        samples = lists_to_tensors(path, samples)
     out = []
     for i, x in enumerate(samples):
         if type(x) is Tensor:
@@ -107,9 +117,21 @@ def as_tensors(path: str, samples: Sequence[Any]) -> list[Tensor]:
                 raise
             raise TypeError(
                 f"collate(): field {field_label(path)}: sample {i} is a {type(x).__name__}, not a tensor; "
-                "every sample of a tensor field needs a tensor, numpy array or PIL image"
+                "every sample of a tensor field needs a tensor, numpy array, PIL image or list of numbers"
             ) from None
     return out
+
+
+def shape_table(path: str, ts: Sequence[Tensor]) -> np.ndarray:
+    """Every sample's shape as an int64 ``(B, D)`` array; samples of differing rank are an error."""
+    ranks = {t.dim() for t in ts}
+    if len(ranks) != 1:
+        check_rank(path, ts)
+    nd = ranks.pop()
+    if nd == 1:  # token sequences: no torch.Size per sample
+        return np.fromiter([t.size(0) for t in ts], dtype=np.int64, count=len(ts)).reshape(len(ts), 1)
+    flat = np.fromiter(itertools.chain.from_iterable([t.shape for t in ts]), dtype=np.int64, count=len(ts) * nd)
+    return flat.reshape(len(ts), nd)
 
 
 def check_rank(path: str, ts: Sequence[Tensor]) -> None:
@@ -130,6 +152,8 @@ def common_dtype(path: str, ts: Sequence[Tensor], cast: torch.dtype | None) -> t
     if cast is not None:
         return cast
     d0 = ts[0].dtype
+    if len({t.dtype for t in ts}) == 1:
+        return d0
     for i, t in enumerate(ts):
         if t.dtype != d0:
             raise TypeError(
@@ -140,18 +164,45 @@ def common_dtype(path: str, ts: Sequence[Tensor], cast: torch.dtype | None) -> t
     return d0
 
 
-def check_static(path: str, ts: Sequence[Tensor], ragged: Sequence[int]) -> None:
+def check_static(path: str, ts: Sequence[Tensor], ragged: Sequence[int], sizes: np.ndarray | None = None) -> None:
     """Every non-ragged dim must agree with sample 0."""
-    s0 = tuple(ts[0].shape)
-    for i, t in enumerate(ts):
-        for d in range(len(s0)):
-            if d not in ragged and t.shape[d] != s0[d]:
-                fix = tuple(sorted({*ragged, d}))
-                raise ValueError(
-                    f"collate(): field {field_label(path)}: sample {i} has shape {fmt_shape(t.shape)}, "
-                    f"sample 0 has {fmt_shape(s0)}: dim {d} differs but is static (ragged={tuple(ragged)}); "
-                    f"declare it ragged (Field(ragged={fix})) or fix sample {i}"
-                )
+    if sizes is None:
+        sizes = shape_table(path, ts)
+    static = [d for d in range(sizes.shape[1]) if d not in ragged]
+    if not static or len(ts) == 0:
+        return
+    bad = (sizes[:, static] != sizes[0, static]).any(1)
+    if not bad.any():
+        return
+    i = int(np.flatnonzero(bad)[0])
+    d = static[int(np.flatnonzero(sizes[i, static] != sizes[0, static])[0])]
+    s0, t = tuple(ts[0].shape), ts[i]
+    fix = tuple(sorted({*ragged, d}))
+    raise ValueError(
+        f"collate(): field {field_label(path)}: sample {i} has shape {fmt_shape(t.shape)}, "
+        f"sample 0 has {fmt_shape(s0)}: dim {d} differs but is static (ragged={tuple(ragged)}); "
+        f"declare it ragged (Field(ragged={fix})) or fix sample {i}"
+    )
+
+
+def differing_dims(sizes: np.ndarray) -> tuple[int, ...]:
+    """The sample dims whose extent differs between samples (inferred ragged dims)."""
+    return tuple(int(d) for d in np.flatnonzero((sizes != sizes[:1]).any(0)))
+
+
+def rows_of(t: Tensor, order: tuple[int, ...], n_ragged: int, static: Sequence[int]) -> Tensor | None:
+    """A sample as its packed rows ``(n_rows, *static)`` *without copying*, or None when its
+    memory is not in row order (a ``(C, H, W)`` tensor that is contiguous as ``(C, H, W)``).
+
+    A channels-last view (``hwc.permute(2, 0, 1)``, what image readers return) is already in
+    row order: its rows are the decoder's buffer, and packing it is one memcpy.
+    """
+    p = t if order == tuple(range(len(order))) else t.permute(order)
+    if n_ragged == 1:  # already (n_rows, *static): any strides, the copy walks them
+        return p
+    if p.is_contiguous():
+        return p.view(-1, *static)
+    return None
 
 
 # ---------------------------------------------------------------------------- plans
@@ -178,7 +229,14 @@ class TensorPlan(FieldPlan):
 
     def build(self, arena: Arena) -> Tensor:
         out = arena.view(self.slot, self.t.shape)
+        if self.t.dtype in _NUMPY_DTYPES:
+            arena.numpy(self.slot)[:] = self.t.numpy().reshape(-1)
+            return out
         return out.copy_(self.t)
+
+
+_NUMPY_DTYPES = {torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.float64,
+                 torch.float32, torch.float16}
 
 
 class StackPlan(FieldPlan):
@@ -219,70 +277,125 @@ class ContainerPlan(FieldPlan):
 class RaggedPlan(FieldPlan):
     """Samples of differing shapes packed into a NestedTensor, with their :class:`FieldMeta`.
 
-    ``ragged`` are sample dims (sorted); rows enumerate them in that order.
+    ``ragged`` are sample dims (sorted); rows enumerate them in that order. ``sizes`` is the
+    samples' ``(B, D)`` shape table when the caller has it (from :func:`shape_table`).
+    Host metadata is computed with numpy: a handful of microseconds per field.
     """
 
-    def __init__(self, path: str, ts: list[Tensor], ragged: tuple[int, ...], dtype: torch.dtype, opts: PackOptions):
+    def __init__(
+        self,
+        path: str,
+        ts: list[Tensor],
+        ragged: tuple[int, ...],
+        dtype: torch.dtype,
+        opts: PackOptions,
+        sizes: np.ndarray | None = None,
+    ):
         self.path, self.ts, self.ragged, self.dtype = path, ts, ragged, dtype
-        ndim = ts[0].dim()
+        if sizes is None:
+            sizes = shape_table(path, ts)
+        ndim = sizes.shape[1]
         self.order = layout.storage_order(ndim, ragged)
-        self.static = [int(ts[0].shape[d]) for d in layout.static_dims(ndim, ragged)]
-        shapes = [tuple(t.shape) for t in ts]
+        static_dims = layout.static_dims(ndim, ragged)
+        self.static = [int(sizes[0, d]) for d in static_dims]
         if opts.pad_to_multiple is not None:
-            real = sum(math.prod(s[d] for d in ragged) for s in shapes)
-            pad = (-real) % opts.pad_to_multiple
-            dummy = [1 if d in ragged else shapes[0][d] for d in range(ndim)]
-            dummy[ragged[0]] = pad
-            shapes.append(tuple(dummy))
-        sizes = torch.tensor(shapes, dtype=torch.int64).reshape(len(shapes), ndim)
+            real = int(_row_counts(sizes, ragged).sum())
+            dummy = np.array([1 if d in ragged else sizes[0, d] for d in range(ndim)], dtype=np.int64)
+            dummy[ragged[0]] = (-real) % opts.pad_to_multiple
+            sizes = np.concatenate([sizes, dummy[None]])
+        n = sizes.shape[0]
+        counts = _row_counts(sizes, ragged)
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
         self.opts = opts
-        self.host_sizes = sizes
-        self.host_offsets = layout.offsets_from_counts(layout.row_counts(sizes, ragged))
-        self.total = int(self.host_offsets[-1])
-        self.pad_rows = self.total - int(self.host_offsets[len(ts)]) if opts.pad_to_multiple is not None else 0
+        self.host_sizes = torch.from_numpy(sizes)
+        self.host_offsets = torch.from_numpy(offsets)
+        self.total = int(offsets[-1])
+        self.pad_rows = self.total - int(offsets[len(ts)]) if opts.pad_to_multiple is not None else 0
         self.real_rows = self.total - self.pad_rows
-        self.same_dtype = all(t.dtype == dtype for t in ts)
-        self.env = envelope_from_sizes(sizes, ragged, self.static)
-        parts = md.partitions(sizes, ragged) if len(ragged) > 1 else (self.host_offsets,)
-        rows = md.row_maps(sizes, self.host_offsets, ragged, self.total) if opts.row_maps else None
+        self.same_dtype = all(t.dtype is dtype for t in ts)
+        maxes = sizes.max(0) if n else np.zeros(ndim, dtype=np.int64)
+        self.env = [int(maxes[d]) if d in ragged else int(sizes[0, d]) for d in range(ndim)]
+        parts = md.partitions(self.host_sizes, ragged) if len(ragged) > 1 else (self.host_offsets,)
+        rows = md.row_maps(self.host_sizes, self.host_offsets, ragged, self.total) if opts.row_maps else None
         padded = None
         if opts.padded_index:
-            full = rows if rows is not None else md.row_maps(sizes, self.host_offsets, ragged, self.total)
+            full = rows if rows is not None else md.row_maps(self.host_sizes, self.host_offsets, ragged, self.total)
             padded = md.padded_index(full, ragged, self.env)
-        self.meta = md.FieldMeta(
-            self.host_offsets.to(torch.int32), parts, rows, None, padded, opts.pad_to_multiple is not None
-        )
-        self.placer = Placer()
+        cu = torch.from_numpy(offsets.astype(np.int32))
+        self.meta = md.FieldMeta(cu, parts, rows, None, padded, opts.pad_to_multiple is not None)
+        self.placer: Placer | None = None
 
     def reserve(self, arena: Arena) -> None:
+        """Values, then ``[offsets | sizes]`` (int64) and ``cu_seqlens`` (int32) written directly;
+        other metadata (partitions, row maps, pair maps) through a :class:`Placer`."""
+        n_off = self.host_offsets.shape[0]
         self.v_slot = arena.reserve(self.dtype, self.total * math.prod(self.static))
-        self.placer.add(self.host_offsets, False)
-        self.placer.add(self.host_sizes, False)
-        for t, host in md.iter_tensors(self.meta):
-            self.placer.add(t, host)
-        self.placer.reserve(arena)
+        self.i_slot = arena.reserve(torch.int64, n_off + self.host_sizes.numel())
+        self.c_slot = arena.reserve(torch.int32, n_off)
+        core = (self.host_offsets, self.host_sizes, self.meta.cu_seqlens)
+        extra = [(t, host) for t, host in md.iter_tensors(self.meta) if not any(t is c for c in core)]
+        self.placer = None
+        if extra:
+            self.placer = Placer()
+            for t, host in extra:
+                self.placer.add(t, host)
+            self.placer.reserve(arena)
 
     def build(self, arena: Arena) -> NestedTensor:
         values = arena.view(self.v_slot, (self.total, *self.static))
         self._fill(values)
-        p = self.placer
-        p.build(arena)
-        off, sizes = p.get(self.host_offsets), p.get(self.host_sizes)
-        fm = md.map_tensors(self.meta, lambda t, host: p.get(t))
+        n_off = self.host_offsets.shape[0]
+        ints = arena.numpy(self.i_slot)
+        ints[:n_off] = self.host_offsets.numpy()
+        ints[n_off:] = self.host_sizes.numpy().reshape(-1)
+        arena.numpy(self.c_slot)[:] = ints[:n_off]
+        off = arena.view(self.i_slot, (n_off,))
+        sizes = arena.view(self.i_slot, tuple(self.host_sizes.shape), n_off)
+        cu = arena.view(self.c_slot, (n_off,))
+        m = self.meta
+        if self.placer is None:  # the common case: nothing but the core metadata
+            parts = tuple(off for _ in m.partitions)  # one ragged dim: (host offsets,)
+            fm = md.FieldMeta(cu, parts, None, None, None, m.dummy, m.outputs)
+        else:
+            p = self.placer
+            p.build(arena)
+            swap = {id(self.host_offsets): off, id(self.host_sizes): sizes, id(m.cu_seqlens): cu}
+            fm = md.map_tensors(m, lambda t, host: swap.get(id(t)) if id(t) in swap else p.get(t))
         nt = mark_dynamic(NestedTensor(values, off, sizes, self.ragged, self.env, StructureMeta(sizes, off)))
         install(nt, fm)
         return nt
 
     def _fill(self, values: Tensor) -> None:
-        identity = self.order == tuple(range(len(self.order)))
+        """Copy every sample into its rows: one ``torch.cat`` when every sample's memory is in
+        row order (1-D ragged fields, channels-last images), else one copy per sample."""
         with torch.no_grad():
-            if identity and self.same_dtype:
-                parts = self.ts if len(self.ragged) == 1 else [t.reshape(-1, *self.static) for t in self.ts]
-                torch.cat(parts, 0, out=values[: self.real_rows])
+            if self.same_dtype and self.ragged == (0,):  # (L_i, *static) samples are their rows: one cat
+                torch.cat(self.ts, 0, out=values if not self.pad_rows else values[: self.real_rows])
+                rows = []
+            elif self.same_dtype:
+                nr = len(self.ragged)
+                rows = [rows_of(t, self.order, nr, self.static) for t in self.ts]
+                if all(r is not None for r in rows):
+                    torch.cat(rows, 0, out=values[: self.real_rows])
+                    rows = []
             else:
+                rows = [None] * len(self.ts)
+            if rows:
                 ho = self.host_offsets.tolist()
                 for i, t in enumerate(self.ts):
-                    stored = [t.shape[d] for d in self.order]
-                    values[ho[i] : ho[i + 1]].view(stored).copy_(t.permute(self.order))
+                    r = rows[i]
+                    dst = values[ho[i] : ho[i + 1]]
+                    if r is not None:
+                        dst.copy_(r)
+                    else:
+                        dst.view([t.shape[d] for d in self.order]).copy_(t.permute(self.order))
             if self.pad_rows:
                 values[self.real_rows :].fill_(self.opts.pad_value)
+
+
+def _row_counts(sizes: np.ndarray, ragged: tuple[int, ...]) -> np.ndarray:
+    """Rows per sample: the product of its ragged extents."""
+    if len(ragged) == 1:
+        return sizes[:, ragged[0]]
+    return sizes[:, list(ragged)].prod(1)

@@ -44,21 +44,32 @@ def is_pil(x: Any) -> bool:
     return any(c.__module__.startswith("PIL.") and c.__name__ == "Image" for c in type(x).__mro__)
 
 
-_EXACT = {int: NUMBER, float: NUMBER, bool: NUMBER, complex: NUMBER, str: STRING, bytes: STRING, type(None): NONE}
+_EXACT = {int: NUMBER, float: NUMBER, bool: NUMBER, complex: NUMBER, str: STRING, bytes: STRING, type(None): NONE,
+          Tensor: TENSOR, dict: MAPPING, list: SEQUENCE, tuple: SEQUENCE}
+_BY_TYPE: dict[type, str] = {}  # kinds of other types, found once per type (numpy's depend on the dtype)
 
 
 def kind(x: Any) -> str:
-    k = _EXACT.get(type(x))
+    """What a sample value is: one of the kind names above (cached per type: this runs per value)."""
+    t = type(x)
+    k = _EXACT.get(t) or _BY_TYPE.get(t)
     if k is not None:
         return k
-    if isinstance(x, Tensor):
-        return TENSOR
     if isinstance(x, np.ndarray):
         return TENSOR if x.dtype.kind in "biufc" else OBJECT
-    if isinstance(x, (str, bytes)):
-        return STRING
     if isinstance(x, np.generic):
         return NUMBER if x.dtype.kind in "biufc" else OBJECT
+    k = _kind_of_type(x)
+    _BY_TYPE[t] = k
+    return k
+
+
+def _kind_of_type(x: Any) -> str:
+    """The kind of a value whose type alone decides it (everything but numpy values)."""
+    if isinstance(x, Tensor):
+        return TENSOR
+    if isinstance(x, (str, bytes)):
+        return STRING
     if isinstance(x, numbers.Number):
         return NUMBER
     if is_pil(x):
@@ -72,6 +83,48 @@ def kind(x: Any) -> str:
     if isinstance(x, collections.abc.Sequence):
         return SEQUENCE
     return OBJECT
+
+
+def is_number_list(x: Any) -> bool:
+    """A Python list of numbers (or of such lists): what tokenizers and ``datasets`` give for a
+    sequence. Collated as a tensor, like an array; tuples keep ``default_collate``'s rule."""
+    while type(x) is list:
+        if not x:
+            return True
+        x = x[0]
+        if _EXACT.get(type(x)) == NUMBER or isinstance(x, np.generic):
+            return True
+    return False
+
+
+def lists_to_tensors(path: str, samples: Sequence[Any]) -> list[Any]:
+    """``samples`` with every number list made a tensor (``torch.tensor`` dtypes: int64, float32,
+    bool). An empty list takes the dtype of the field's other samples."""
+    out: list[Any] = list(samples)
+    empty: list[int] = []
+    dtypes: set[torch.dtype] = set()
+    for i, x in enumerate(samples):
+        if type(x) is not list:
+            if isinstance(x, Tensor):
+                dtypes.add(x.dtype)
+            continue
+        if not x:
+            empty.append(i)
+            continue
+        try:
+            t = torch.tensor(x)
+        except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+            raise TypeError(
+                f"collate(): field {field_label(path)}: sample {i} is a list that cannot form a tensor ({e}); "
+                "a list field needs numbers, or nested lists of one shape, in every sample"
+            ) from None
+        out[i] = t
+        dtypes.add(t.dtype)
+    if empty:
+        dtype = dtypes.pop() if len(dtypes) == 1 else torch.get_default_dtype()
+        for i in empty:
+            out[i] = torch.empty(0, dtype=dtype)
+    return out
 
 
 def to_tensor(x: Any, path: str, i: int) -> Tensor:
@@ -122,7 +175,18 @@ def numbers_tensor(values: Sequence[Any], path: str) -> Tensor:
         return torch.from_numpy(np.asarray(values))
     if isinstance(first, float):
         return torch.tensor(values, dtype=torch.float64)
+    if all(type(v) is int for v in values):  # labels: numpy reads a list of ints several times faster
+        try:
+            return torch.from_numpy(np.array(values, dtype=np.int64))
+        except OverflowError:
+            pass  # named below
     try:
         return torch.tensor(values)
-    except (TypeError, RuntimeError, OverflowError) as e:
+    except (TypeError, ValueError, RuntimeError, OverflowError) as e:
+        for i, v in enumerate(values):
+            if isinstance(v, int) and not -(2**63) <= v < 2**63:
+                raise OverflowError(
+                    f"collate(): field {field_label(path)}: sample {i} is {v}, which does not fit in int64; "
+                    "pass it as a float or a string, or scale it in the dataset"
+                ) from None
         raise TypeError(f"collate(): field {field_label(path)}: numbers cannot form a tensor ({e})") from None

@@ -179,7 +179,7 @@ def test_mixed_kinds_and_lengths():
     with pytest.raises(TypeError, match=r"field '\[1\]': sample 1 is a str, sample 0 is a int"):
         padless.collate([(torch.ones(1), 1), (torch.ones(1), "a")])
     with pytest.raises(ValueError, match=r"sample 1 has 3 elements, sample 0 has 2"):
-        padless.collate([[1, 2], [1, 2, 3]])
+        padless.collate([(1, 2), (1, 2, 3)])  # tuples are records; lists of numbers are data (packed)
     with pytest.raises(TypeError, match=r"sample 1 is a str, not a tensor"):
         padless.collate([torch.ones(2), "x"])
 
