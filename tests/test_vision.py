@@ -197,3 +197,17 @@ def test_take_tokens_errors():
         take_tokens(x, torch.tensor([0]))
     with pytest.raises(IndexError, match=r"take_tokens\(\): index 2 of sample 1 is out of range for its 2 tokens"):
         take_tokens(x, padless.from_list([torch.tensor([0, 2]), torch.tensor([1, 2])]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_vision_helpers_on_cuda_match_cpu():
+    images = _images()
+    pos = torch.randn(5, 4, 3)
+    gi = images.to("cuda")
+    torch.testing.assert_close(interpolate_pos_embed(pos.cuda(), gi, P).values().cpu(), interpolate_pos_embed(pos, images, P).values(), atol=1e-5, rtol=1e-5)
+    cos, sin = rope_2d(padless.patch_grid(gi, P), 8)
+    assert cos.device.type == "cuda"
+    torch.testing.assert_close(cos.values().cpu(), rope_2d(padless.patch_grid(images, P), 8)[0].values())
+    q = padless.from_list([torch.randn(n, 8) for n in (6, 1, 0, 6, 3)]).to("cuda")
+    kept, index = drop_tokens(q, 0.5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(take_tokens(q, index).values(), kept.values())

@@ -133,3 +133,23 @@ def test_interpolate_batch_level_errors():
     nt, _ = leaves(SHAPES)
     with pytest.raises(padless.StructureError, match=r"interpolate\(\): size is a NestedTensor of rank-1 samples; it needs at least 2 dims"):
         F.interpolate(nt, size=padless.from_list([torch.zeros(n) for n in (1, 2, 3, 4)]))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_image_ops_on_cuda_match_cpu():
+    """interpolate, ragged pad, pixel shuffles and unfold on CUDA give the CPU result (and gradients)."""
+    fns = [
+        lambda x: F.interpolate(x, scale_factor=2, mode="bilinear"),
+        lambda x: F.interpolate(x, size=[(2, 3), (4, 4), (5, 1), (1, 1), (3, 3)], mode="bicubic", antialias=True),
+        lambda x: F.pad(x, (1, 1, 1, 1), mode="replicate"),
+        lambda x: F.pixel_shuffle(torch.cat([x, x], 1), 2),
+        lambda x: F.unfold(x, 1),
+    ]
+    for fn in fns:
+        cpu, _ = leaves([s for s in IMAGES.shapes], seed=5, ragged=(1, 2))
+        gpu = cpu.detach().to("cuda").requires_grad_()
+        out_c, out_g = fn(cpu), fn(gpu)
+        torch.testing.assert_close(out_g.values().cpu(), out_c.values(), atol=1e-4, rtol=1e-4)
+        out_c.values().pow(2).sum().backward()
+        out_g.values().pow(2).sum().backward()
+        torch.testing.assert_close(gpu.grad.values().cpu(), cpu.grad.values(), atol=1e-4, rtol=1e-4)
