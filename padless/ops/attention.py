@@ -212,42 +212,25 @@ def _length_groups(q: NestedTensor, k: NestedTensor) -> tuple[list[int], list[li
     return alone, groups
 
 
-def _group_rows(offsets: list[int], members: list[int]) -> list[int]:
-    """Row numbers of ``members``' samples, concatenated (host ints)."""
-    rows: list[int] = []
-    for i in members:
-        rows.extend(range(offsets[i], offsets[i + 1]))
-    return rows
-
-
-def _grouped(qv, kv, vv, qo, ko, dq: int, groups, is_causal, scale, enable_gqa) -> dict[int, Tensor]:
+def _grouped(qs, ks, vs, dq: int, groups, is_causal, scale, enable_gqa) -> dict[int, Tensor]:
     """One batched SDPA call per group of equal-length samples; output rows per sample.
 
-    Each operand is gathered once for all groups (one ``index_select``, whose backward is
-    one ``index_add``: O(T)); a group's rows are then a dense ``(G, ..., L, E)`` view.
+    A group's operand is a ``torch.stack`` of its samples' split views: only the grouped
+    rows are copied, and the backward hands each sample its gradient slice (no buffer-wide
+    scatter), which the split's one concatenation then writes once.
     """
     out: dict[int, Tensor] = {}
-    if not groups:
-        return out
-    dev = qv.device
-    q_idx = torch.tensor([r for g in groups for r in _group_rows(qo, g)], dtype=torch.int64).to(dev, non_blocking=True)
-    k_idx = torch.tensor([r for g in groups for r in _group_rows(ko, g)], dtype=torch.int64).to(dev, non_blocking=True)
-    qg = qv.index_select(0, q_idx)
-    kg = kv.index_select(0, k_idx) if kv is not qv else qg
-    vg = kg if vv is kv else (qg if vv is qv else vv.index_select(0, k_idx))
-    nq = [len(g) * (qo[g[0] + 1] - qo[g[0]]) for g in groups]
-    nk = [len(g) * (ko[g[0] + 1] - ko[g[0]]) for g in groups]
     lead = 3 - (dq + 2)  # (G, *rest) -> 4-D (G, 1, L, E) for (L, E) samples
-    for g, qs, ks, vs in zip(groups, torch.split(qg, nq), torch.split(kg, nk), torch.split(vg, nk)):
-        n = len(g)
 
-        def batch(x: Tensor) -> Tensor:
-            x = x.reshape(n, x.shape[0] // n, *x.shape[1:]).movedim(1, dq + 1)
-            return x.unsqueeze(1) if lead else x
+    def batch(parts, g: list[int]) -> Tensor:
+        x = torch.stack([parts[i] for i in g]).movedim(1, dq + 1)
+        return x.unsqueeze(1) if lead else x
 
-        o = F.scaled_dot_product_attention(
-            batch(qs), batch(ks), batch(vs), is_causal=is_causal, scale=scale, enable_gqa=enable_gqa
-        )
+    for g in groups:
+        qg = batch(qs, g)
+        kg = qg if ks is qs else batch(ks, g)
+        vg = kg if vs is ks else (qg if vs is qs else batch(vs, g))
+        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         o = (o.squeeze(1) if lead else o).movedim(dq + 1, 1)
         for i, rows in zip(g, o.unbind(0)):
             out[i] = rows
@@ -274,10 +257,10 @@ def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mo
         alone, groups = _length_groups(q, k)
     else:
         alone, groups = list(range(q.batch_size)), []
-    done = _grouped(qv, kv, vv, qo, ko, dq, groups, is_causal, scale, enable_gqa)
     qs = split_rows(qv, qo)
     ks = split_rows(kv, ko) if kv is not qv else qs
     vs = ks if vv is kv else (qs if vv is qv else split_rows(vv, ko))
+    done = _grouped(qs, ks, vs, dq, groups, is_causal, scale, enable_gqa)
     # torch's fused CPU kernel runs on 4-D (batch, heads, L, E) inputs (3-D falls back to the
     # unfused math path, ~1.6x slower here), so each sample is viewed with leading unit dims.
     lead = max(0, 4 - (dq + 2))
