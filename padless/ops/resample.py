@@ -118,6 +118,8 @@ def interpolate(
     kw = dict(mode=mode, align_corners=align_corners, antialias=antialias)
 
     def run(dense: Tensor, key: Hashable) -> Tensor:
+        if antialias:  # torch's antialiased kernels misread channels-last inputs with a side of 1 (torch 2.13)
+            dense = dense.contiguous()
         if targets is not None:
             return F.interpolate(dense, size=key, **kw)
         return F.interpolate(dense, size=size, scale_factor=scale_factor, recompute_scale_factor=recompute_scale_factor, **kw)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -28,6 +31,7 @@ CASES = [
     (IMAGES, dict(scale_factor=1.7, mode="bilinear", recompute_scale_factor=True)),
     ("image", dict(scale_factor=3, mode="bicubic", align_corners=True)),
     (ONE, dict(size=(5, 5), mode="bilinear")),
+    (Variant("one_wide", ((2, 2, 1), (2, 3, 1)), (1, 2)), dict(size=(7, 1), mode="bicubic", antialias=True)),  # a side of 1
     (SEQ, dict(scale_factor=2, mode="linear")),
     (VOL, dict(scale_factor=2, mode="trilinear")),
 ]
@@ -153,3 +157,26 @@ def test_image_ops_on_cuda_match_cpu():
         out_c.values().pow(2).sum().backward()
         out_g.values().pow(2).sum().backward()
         torch.testing.assert_close(gpu.grad.values().cpu(), cpu.grad.values(), atol=1e-4, rtol=1e-4)
+
+
+FUZZ_CASES = int(os.environ.get("PADLESS_FUZZ_EXAMPLES", "6"))
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_CASES))
+def test_interpolate_random_batches(seed):
+    """Random batches (repeated sizes, 1-pixel sides, one-image batches) and random resampling
+    arguments, against each image alone. ``PADLESS_FUZZ_EXAMPLES=500`` runs a long sweep."""
+    rng = random.Random(seed)
+    b = rng.randint(1, 5)
+    pool = [(rng.randint(1, 7), rng.randint(1, 7)) for _ in range(3)]
+    shapes = tuple((2, *rng.choice(pool)) for _ in range(b))
+    mode = rng.choice(["nearest", "nearest-exact", "bilinear", "bicubic", "area"])
+    kw: dict = {"mode": mode}
+    if mode in ("bilinear", "bicubic"):
+        kw["align_corners"] = rng.random() < 0.5
+        kw["antialias"] = not kw["align_corners"] and rng.random() < 0.5
+    if rng.random() < 0.5:
+        kw["scale_factor"] = (rng.choice([1.0, 1.5, 2.0, 3.0]), rng.choice([1.0, 1.25, 2.0]))
+    else:
+        kw["size"] = (rng.randint(1, 9), rng.randint(1, 9))
+    check_op(lambda x: F.interpolate(x, **kw), Variant(f"random-{seed}", shapes, (1, 2)), seed=seed, atol=1e-5, rtol=1e-5)
