@@ -119,6 +119,12 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
                 f"{opname}(): an in-place op cannot change the structure of its first operand "
                 f"(ragged dims {ref.ragged_dims}) to the broadcast result's {p.template.ragged_dims}"
             )
+        if len(nts) == 2 and len(args) == 2 and not kwargs and not inplace:
+            from padless.ops.kernels.pair import broadcast_pair
+
+            fused = broadcast_pair(func, nts, p)  # (N,1,C) (+|*) (1,M,C) without gathers, on CUDA
+            if fused is not None:
+                return wrap_like(fused, p.template)
         for n, rows, sq in zip(nts, p.rows, p.squeeze):
             aligned[id(n)] = broadcast.align(n._values, rows, sq)
         ref = p.template

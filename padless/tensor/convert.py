@@ -6,7 +6,7 @@ None of these is used by the op layer's hot path; they exist for users and tests
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -62,6 +62,11 @@ def _padded_index(nt: NestedTensor, env: Sequence[int]) -> Tensor:
     return idx
 
 
+PADDED_GRID_KERNELS: list[Callable[[NestedTensor, Tensor, Sequence[int], float], Tensor | None]] = []
+"""Registered by the op layer (``padless.ops.kernels.layout``): each may return the flat padded
+grid ``(B * prod(target[ragged]), *static)`` built by a kernel, or None for the ``index_copy`` path."""
+
+
 def to_padded(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] | None = None) -> Tensor:
     """Dense ``(B, *envelope)`` copy with ``value`` in padded positions. Differentiable; no sync
     when the batch carries host metadata (collated and locally built batches do)."""
@@ -85,8 +90,12 @@ def to_padded(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] |
     vals = values_of(nt)
     static = list(vals.shape[1:])
     grid_rows = b * math.prod(target[d] for d in ragged)
-    idx = _padded_index(nt, target)
-    grid = vals.new_full((grid_rows, *static), value).index_copy(0, idx, vals)
+    grid = None
+    for kernel in PADDED_GRID_KERNELS:  # a Triton kernel when the op layer's dispatch picks one
+        grid = kernel(nt, vals, target, value)
+    if grid is None:
+        idx = _padded_index(nt, target)
+        grid = vals.new_full((grid_rows, *static), value).index_copy(0, idx, vals)
     grid = grid.reshape(b, *[target[d] for d in ragged], *static)
     out = grid.permute(0, *[p + 1 for p in _inverse(order)])
     static_targets = [target[d] for d in order[len(ragged):]]

@@ -12,5 +12,6 @@ imports without it and then always runs the twins.
 """
 
 from padless.ops.kernels.dispatch import Choice, explain
+from padless.ops.kernels import layout as _layout  # noqa: F401  (registers the to_padded kernel)
 
 __all__ = ["Choice", "explain"]

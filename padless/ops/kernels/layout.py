@@ -312,4 +312,43 @@ def transpose_pair(x: Tensor, n: Tensor, m: Tensor, offsets: Tensor, max_rows: i
     if not dispatch.use_kernel(FAMILY, x):
         return twin_transpose_pair(x, n, m, offsets)
     flat, _ = _flat(x)
+    n, m, offsets = n.contiguous(), m.contiguous(), offsets.contiguous()  # indexed flat by the kernel
     return transpose_pair_op(flat, n, m, offsets, max_rows).reshape(x.shape)
+
+
+# ---------------------------------------------------------------------------- NestedTensor.to_padded
+
+
+def padded_grid(nt: Any, vals: Tensor, target: Sequence[int], value: float) -> Tensor | None:
+    """The flat padded grid of ``nt.to_padded()`` from the kernel, or None (the caller's
+    ``index_copy`` path is the twin). Registered in ``padless.tensor.convert``."""
+    if not dispatch.quick_check(vals):
+        return None
+
+    def unsupported() -> str | None:
+        if vals.dtype == torch.bool:
+            return "dtype torch.bool"
+        if len(nt._ragged) > 3:
+            return f"{len(nt._ragged)} ragged dims (the kernel handles up to 3)"
+        if nt._meta.host_sizes is None:
+            return "no host metadata (the grid would need a device read)"
+        return None
+
+    if not dispatch.use_kernel(FAMILY, vals, unsupported=unsupported):
+        return None
+    key = ("layout_meta", vals.device, tuple(target))
+    meta = nt._meta.derived.get(key)
+    if meta is None:
+        meta = LayoutMeta.from_host(nt._meta.host_sizes, nt._ragged, list(target), vals.device)
+        nt._meta.derived[key] = meta
+    return packed_to_padded(vals, meta, value)
+
+
+def _register() -> None:
+    from padless.tensor import convert
+
+    if padded_grid not in convert.PADDED_GRID_KERNELS:
+        convert.PADDED_GRID_KERNELS.append(padded_grid)
+
+
+_register()

@@ -44,7 +44,7 @@ class PairMeta:
     @staticmethod
     def from_host(n: Tensor, m: Tensor, device: torch.device | str) -> "PairMeta":
         """Build from host ``(B,)`` extents (one small copy per tensor to ``device``)."""
-        n, m = n.to(torch.int64), m.to(torch.int64)
+        n, m = n.to(torch.int64).contiguous(), m.to(torch.int64).contiguous()  # kernels index them flat
 
         def offs(c: Tensor) -> Tensor:
             return torch.cat([c.new_zeros(1), torch.cumsum(c, 0)])
@@ -224,3 +224,52 @@ def pair_combine(x: Tensor, y: Tensor, op: str, meta: PairMeta, z: Tensor | None
     out = pair_combine_op(flat[0], flat[1], zf, meta.n, meta.m, meta.x_off, meta.y_off, meta.out_off, op,
                           meta.max_rows, meta.total, meta.max_n, meta.max_m)
     return out.reshape(meta.total, *x.shape[1:])
+
+
+# ---------------------------------------------------------------------------- broadcasting entry point
+
+
+def _pair_funcs() -> dict[Any, str]:
+    aten = torch.ops.aten
+    t = torch.Tensor
+    return {
+        aten.add.Tensor: "add", torch.add: "add", t.add: "add", t.__add__: "add", t.__radd__: "add",
+        aten.mul.Tensor: "mul", torch.mul: "mul", t.mul: "mul", t.__mul__: "mul", t.__rmul__: "mul",
+    }
+
+
+_FUNCS: dict[Any, str] = {}
+
+
+def broadcast_pair(func: Any, nts: list[Any], plan: Any) -> Tensor | None:
+    """Values of ``(N_i, 1, C) (+|*) (1, M_i, C)`` (either order) from the pair kernel, or None.
+
+    ``plan`` is the broadcast plan (:func:`padless.ops.broadcast.plan`); None means: run the
+    generic path (gather through the plan's row maps), which is also this kernel's twin.
+    """
+    if not dispatch.quick_check(nts[0]._values):
+        return None
+    if not _FUNCS:
+        _FUNCS.update(_pair_funcs())
+    op = _FUNCS.get(func)
+    t = plan.template
+    if op is None or t.sample_dim != 3 or tuple(t._ragged) != (0, 1):
+        return None
+    by_ragged = {tuple(n._ragged): (n, sq) for n, sq in zip(nts, plan.squeeze)}
+    if set(by_ragged) != {(0,), (1,)}:
+        return None
+    (x, sqx), (y, sqy) = by_ragged[(0,)], by_ragged[(1,)]
+    hx, hy = x._meta.host_sizes, y._meta.host_sizes
+    if hx is None or hy is None or x._values.dtype != y._values.dtype:
+        return None
+    if bool((hx[:, 1] != 1).any()) or bool((hy[:, 0] != 1).any()):
+        return None
+    xv, yv = x._values.squeeze(sqx), y._values.squeeze(sqy)
+    if xv.shape[1:] != yv.shape[1:]:
+        return None
+    key = ("pair_meta", xv.device)
+    meta = t._meta.derived.get(key)
+    if meta is None:
+        meta = PairMeta.from_host(hx[:, 0], hy[:, 1], xv.device)
+        t._meta.derived[key] = meta
+    return pair_combine(xv, yv, op, meta)

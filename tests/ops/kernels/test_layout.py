@@ -81,3 +81,17 @@ def test_transpose_pair_matches_twin(kernel_device, dtype):
 def test_more_than_three_ragged_dims_is_an_error():
     with pytest.raises(ValueError, match=r"layout kernels: at most 3 ragged dims, got 4"):
         LayoutMeta.from_host(torch.ones(1, 4, dtype=torch.long), (0, 1, 2, 3), [1, 1, 1, 1], "cpu")
+
+
+def test_to_padded_runs_the_kernel(kernel_device, monkeypatch):
+    monkeypatch.setenv("PADLESS_KERNELS", "triton")
+    for name in ("pair", "channels_first", "empty_sample"):
+        nt, dense = make_batch(name, device=kernel_device, requires_grad=True)
+        got = nt.to_padded(-1.0)
+        assert dispatch.explain("layout").backend == "triton"
+        monkeypatch.setenv("PADLESS_KERNELS", "torch")
+        want = nt.to_padded(-1.0)
+        monkeypatch.setenv("PADLESS_KERNELS", "triton")
+        torch.testing.assert_close(got, want)
+        (got * 2).sum().backward()  # every packed element reaches exactly one padded slot
+        torch.testing.assert_close(nt.grad._values, torch.full_like(nt._values, 2.0))

@@ -77,3 +77,18 @@ def test_pair_bad_op():
     meta = PairMeta.from_host(torch.tensor([1]), torch.tensor([1]), "cpu")
     with pytest.raises(ValueError, match=r"pair_combine\(\): op must be 'add' or 'mul', got 'sub'"):
         pair_combine(torch.ones(1, 2), torch.ones(1, 2), "sub", meta)
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+def test_broadcasting_runs_the_pair_kernel(kernel_device, op):
+    ns, ms = [3, 0, 2], [2, 1, 4]
+    g = torch.Generator().manual_seed(2)
+    xs = [torch.randn(n, 1, 4, generator=g).to(kernel_device) for n in ns]
+    ys = [torch.randn(1, m, 4, generator=g).to(kernel_device) for m in ms]
+
+    def make():
+        return [from_list(xs, ragged_dims=(0,), requires_grad=True), from_list(ys, ragged_dims=(1,), requires_grad=True)]
+
+    fn = (lambda a, b: b + a) if op == "add" else (lambda a, b: a * b)
+    compare_backends(fn, make, torch.float32)
+    assert dispatch.explain("pair").backend == "triton"
