@@ -140,6 +140,13 @@ class FlatteningCollator:
             row = {self.field: ids}
             if "labels" in f:
                 row["labels"] = f["labels"]
+            if rows and len(row) != len(rows[0]):
+                what = "has 'labels' but earlier features have none" if "labels" in row else (
+                    "has no 'labels' but earlier features have them")
+                raise KeyError(
+                    f"FlatteningCollator: feature {i} {what}; give every feature its labels "
+                    "(-100 where no loss applies) or none"
+                )
             rows.append(row)
         if not rows:
             raise ValueError(

@@ -126,6 +126,10 @@ def test_flattening_collator_errors():
         c([{"input_ids": [1]}], return_tensors="np")
     with pytest.raises(TypeError, match=r"expected a list of features, got dict"):
         c({"input_ids": [1]})
+    with pytest.raises(KeyError, match=r"feature 1 has no 'labels' but earlier features have them"):
+        c([{"input_ids": [1], "labels": [1]}, {"input_ids": [2]}])
+    with pytest.raises(KeyError, match=r"feature 2 has 'labels' but earlier features have none"):
+        c([{"input_ids": [1]}, {"input_ids": []}, {"input_ids": [2], "labels": [2]}])
 
 
 def test_flattening_collator_in_a_dataloader_with_workers():
