@@ -3,6 +3,9 @@ sample against the dense op."""
 
 from __future__ import annotations
 
+import os
+import random
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -117,3 +120,25 @@ def test_unfold_needs_images():
     seq, _ = leaves([(3, 4), (2, 4)])
     with pytest.raises(ValueError, match=r"unfold\(\): expected images \(C, H_i, W_i\), got samples of rank 2"):
         F.unfold(seq, 2)
+
+
+FUZZ_CASES = int(os.environ.get("PADLESS_FUZZ_EXAMPLES", "4"))
+
+
+@pytest.mark.parametrize("seed", range(FUZZ_CASES))
+def test_pad_unfold_shuffle_random_batches(seed):
+    """Random image batches (sides of 1, repeated sizes, one image) through ragged pad (every
+    mode), unfold and the pixel shuffles, against each image alone."""
+    rng = random.Random(seed)
+    pool = [(rng.randint(2, 7), rng.randint(2, 7)) for _ in range(3)]
+    shapes = tuple((4, *rng.choice(pool)) for _ in range(rng.randint(1, 5)))
+    v = Variant(f"random-{seed}", shapes, (1, 2))
+    mode = rng.choice(["constant", "reflect", "replicate", "circular"])
+    pads = tuple(rng.randint(0, 1) for _ in range(4))
+    check_op(lambda x: F.pad(x, pads, mode=mode), v, seed=seed)
+    k = (rng.randint(1, 2), rng.randint(1, 2))
+    pad_u, stride_u = rng.randint(0, 1), rng.randint(1, 2)
+    check_op(lambda x: F.unfold(x, k, padding=pad_u, stride=stride_u), v, seed=seed)
+    check_op(lambda x: F.pixel_shuffle(x, 2), v, seed=seed)
+    even = Variant(f"random-even-{seed}", tuple((3, 2 * h, 2 * w) for _, h, w in shapes), (1, 2))
+    check_op(lambda x: F.pixel_unshuffle(x, 2), even, seed=seed)
