@@ -162,41 +162,87 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
 
 
 def guard_broadcast(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Give every NestedTensor operand of a broadcasting elementwise call a gradient checkpoint.
+    """Give the operands of a broadcasting elementwise call a gradient checkpoint.
 
-    When the operands' structures differ the op broadcasts some of them sample by sample
-    (an extent 1 meeting 0 or N). Autograd only knows padded envelopes: where they agree it
-    would hand each operand the gradient in the *result's* structure (even to a leaf), and
-    where they differ without being expandable (``(3, 2)`` against ``(3, 4)`` when a sample
-    broadcasts 1 to 4) it would refuse the gradient. So each operand that needs a gradient
-    is seen by the op through an identity view whose ragged envelope is the result's; the
-    view's backward (:func:`_conform`) sums the result's gradient back onto
-    the operand's own rows. Operands of one shared structure (the common case) are returned
-    untouched after an identity test.
+    Autograd only knows padded envelopes: it reduces a broadcast operand's gradient
+    (``sum_to_size``) only where the operand's shape differs from the result's. Two cases
+    slip through and are routed through identity views here:
+
+    * NestedTensor operands of different structures, broadcast sample by sample (an
+      extent 1 meeting 0 or N). Where envelopes agree autograd would hand each operand
+      the gradient in the *result's* structure (even to a leaf); where they differ
+      without being expandable (``(3, 2)`` against ``(3, 4)`` when a sample broadcasts 1
+      to 4) it would refuse it. Each such operand is seen through a view whose ragged
+      envelope is the result's; the view's backward (:func:`_conform`) sums the gradient
+      back onto the operand's own rows.
+    * a dense operand whose shape equals the result's envelope (``(B, 1)`` against
+      samples of length at most 1): its gradient would arrive as a NestedTensor. Its view
+      sums that gradient over every ragged dim and the broadcast dims instead.
+
+    Operands of one shared structure and no such dense operand (the common case) are
+    returned untouched after a few identity and shape tests.
     """
     nts = [a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor)]
-    if len(nts) < 2:
+    if not nts:
         return args, kwargs
     ref = nts[0]
-    from padless.tensor.core import _structure_mismatch
-
-    if all(n._meta is ref._meta or _structure_mismatch(ref, n) is None for n in nts[1:]):
-        return args, kwargs
     ndim, b = ref.sample_dim, ref.batch_size
+    dense = [
+        a for a in (*args, *kwargs.values())
+        if isinstance(a, Tensor) and not isinstance(a, NestedTensor) and a.requires_grad and a.dim() == ndim + 1
+    ]
+    differ = False
+    if len(nts) > 1:
+        from padless.tensor.core import _structure_mismatch
+
+        differ = not all(n._meta is ref._meta or _structure_mismatch(ref, n) is None for n in nts[1:])
+    if not differ and not dense:
+        return args, kwargs
     if any(n.sample_dim != ndim or n.batch_size != b for n in nts):
         return args, kwargs  # the op itself names the mismatch
-    out = nts[0].host_sizes()
-    for n in nts[1:]:
-        out = torch.where(out == 1, n.host_sizes(), out)  # torch's rule, sample by sample
-    result_env = out.amax(0).tolist() if b else [0] * ndim
+    if differ:
+        out = nts[0].host_sizes()
+        for n in nts[1:]:
+            out = torch.where(out == 1, n.host_sizes(), out)  # torch's rule, sample by sample
+        result_env = out.amax(0).tolist() if b else [0] * ndim
+        for d in range(ndim):
+            if all(d not in n._ragged for n in nts):
+                result_env[d] = max(int(n._env[d]) for n in nts)
+    else:
+        result_env = [int(e) for e in ref._env]
+    result_shape = (b, *result_env)
+    ragged = sorted({r for n in nts for r in n._ragged})
 
     def guard(a):
-        if not (isinstance(a, NestedTensor) and a.requires_grad):
-            return a
-        env = tuple(result_env[d] if d in a._ragged else a._env[d] for d in range(ndim))
-        return _apply(_NestedView, values_of(a), a._offsets, a._sizes, a._ragged, env, a._meta)
+        if isinstance(a, NestedTensor):
+            if not (differ and a.requires_grad):
+                return a
+            env = tuple(result_env[d] if d in a._ragged else a._env[d] for d in range(ndim))
+            return _apply(_NestedView, values_of(a), a._offsets, a._sizes, a._ragged, env, a._meta)
+        if any(a is x for x in dense) and tuple(a.shape) == result_shape:
+            return _apply(_DenseOperand, a, tuple(d + 1 for d in ragged))
+        return a
 
     return tuple(guard(a) for a in args), {k: guard(a) for k, a in kwargs.items()}
+
+
+class _DenseOperand(torch.autograd.Function):
+    """Identity on a dense operand of a NestedTensor op; its backward reduces a NestedTensor
+    gradient to the operand's shape (every ragged dim, and every dim where it has extent 1)."""
+
+    @staticmethod
+    def forward(ctx, d: Tensor, ragged_outer: tuple[int, ...]) -> Tensor:  # type: ignore[override]
+        ctx.shape = tuple(d.shape)
+        ctx.ragged_outer = ragged_outer
+        return d.view_as(d)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        if not isinstance(grad, NestedTensor):
+            return grad, None
+        dims = sorted({*ctx.ragged_outer, *(i for i, n in enumerate(ctx.shape) if n == 1)})
+        red = torch.ops.aten.sum.dim_IntList(grad, dims, True)
+        return red.reshape(ctx.shape), None
 
 
 def split_rows(values: Tensor, offsets: Sequence[int]) -> tuple[Tensor, ...]:

@@ -61,6 +61,15 @@ def test_per_sample_broadcast_through_an_intermediate():
     check_samples(fn, fn, [x, y])
 
 
+@pytest.mark.parametrize("shapes", [[(1,)], [(1,), (0,), (1,)], [(1, 3), (1, 3)]], ids=["b1", "b3_empty", "static"])
+def test_dense_operand_shaped_like_the_envelope_gets_a_dense_gradient(shapes):
+    # Found by the fuzzer: x - x.mean(1, keepdim=True) at length <= 1, where the dense (B, 1)
+    # mean has the envelope's shape, so autograd skipped sum_to_size ("aten.view ... not supported")
+    fn = lambda t: t - t.mean(dim=1, keepdim=True) * 2  # noqa: E731
+    ref = lambda t: t - t.mean(dim=0, keepdim=True) * 2  # noqa: E731
+    check_samples(fn, ref, [leaves(shapes, seed=3)])
+
+
 # ---------------------------------------------------------------------------- item 9: empty extremes
 
 

@@ -1,0 +1,299 @@
+"""Building blocks of the differential fuzzer: random structures and random op chains.
+
+A *case* is a batch (one to three ragged dims, empty samples and one-sample batches
+included, float32/float64/bf16) and a chain of ops drawn one after the other, each
+from the ops that apply to the current result. Every op is one callable
+``fn(x, o)`` written once for both sides: ``o = 1`` on the NestedTensor (dim 0 is
+the batch) and ``o = 0`` on one dense sample. :func:`run_case` runs the chain on the
+NestedTensor and on every sample, then compares values, structure and the gradient
+of every input sample under dtype-aware tolerances.
+
+Choices come from a :class:`Chooser` (``integer``/``choice``), so the same builders
+run under hypothesis (``tests/fuzz/test_differential.py``, which shrinks failures)
+or from a plain :class:`random.Random` (:class:`RandomChooser`) for ad-hoc sweeps::
+
+    >>> import random
+    >>> case = draw_case(RandomChooser(random.Random(0)))
+    >>> run_case(case)  # raises AssertionError naming the op chain on a mismatch
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Callable, Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from padless.tensor.construct import from_list
+from padless.tensor.core import NestedTensor
+from padless.testing.reference import assert_close_samples
+
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+
+#: (rtol, atol) per dtype. ``atol`` is scaled by the largest magnitude the reference met along
+#: the chain (cancellation after a large intermediate, e.g. ``x - x.mean()`` after a cumsum,
+#: leaves an error of a few ulps of that intermediate): bf16 keeps 8 bits of mantissa and
+#: segmented sums accumulate in another order than a dense sum.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-9),
+    torch.float32: (1e-4, 1e-5),
+    torch.bfloat16: (5e-2, 5e-2),
+}
+
+
+class Chooser(Protocol):
+    """Where a fuzz case gets its randomness from."""
+
+    def integer(self, lo: int, hi: int) -> int:
+        """An int in ``[lo, hi]`` (inclusive)."""
+        ...
+
+    def choice(self, options: Sequence):
+        """One element of ``options``."""
+        ...
+
+
+class RandomChooser:
+    """A :class:`Chooser` over :class:`random.Random` (no hypothesis needed)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.rng.randint(lo, hi)
+
+    def choice(self, options: Sequence):
+        return options[self.rng.randrange(len(options))]
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One op of a chain: ``fn(x, o)`` runs it on a NestedTensor (``o=1``) or a sample (``o=0``)."""
+
+    name: str
+    fn: Callable[[Tensor, int], Tensor]
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass
+class Case:
+    """A batch layout and an op chain."""
+
+    shapes: list[tuple[int, ...]]
+    ragged: tuple[int, ...]
+    dtype: torch.dtype
+    seed: int
+    steps: list[Step]
+
+    def __repr__(self) -> str:
+        return (
+            f"Case(shapes={self.shapes}, ragged={self.ragged}, dtype={self.dtype}, seed={self.seed}, "
+            f"steps={self.steps})"
+        )
+
+
+# ---------------------------------------------------------------------------- structures
+
+
+def draw_structure(c: Chooser, *, max_len: int = 4, max_batch: int = 4) -> tuple[list[tuple[int, ...]], tuple[int, ...]]:
+    """Sample shapes and ragged dims: rank 1-3, 1-3 ragged dims, ragged extents in
+    ``[0, max_len]`` (empty samples), static extents in ``[1, 3]``, 1 to ``max_batch`` samples."""
+    ndim = c.integer(1, 3)
+    n_ragged = c.integer(1, ndim)
+    dims = list(range(ndim))
+    ragged = []
+    for _ in range(n_ragged):
+        d = c.choice(dims)
+        dims.remove(d)
+        ragged.append(d)
+    ragged_t = tuple(sorted(ragged))
+    static = {d: c.integer(1, 3) for d in range(ndim) if d not in ragged_t}
+    b = c.integer(1, max_batch)
+    # Keep pair states small: rows grow with the product of ragged extents.
+    cap = max_len if n_ragged == 1 else max(2, max_len - n_ragged + 1)
+    shapes = [tuple(c.integer(0, cap) if d in ragged_t else static[d] for d in range(ndim)) for _ in range(b)]
+    return shapes, ragged_t
+
+
+# ---------------------------------------------------------------------------- ops
+
+
+def _extents(x: NestedTensor, d: int) -> list[int]:
+    return x.host_sizes()[:, d].tolist()
+
+
+def _unary_steps() -> list[Step]:
+    return [
+        Step("tanh", lambda x, o: torch.tanh(x)),
+        Step("sin", lambda x, o: x.sin()),
+        Step("sigmoid", lambda x, o: torch.sigmoid(x)),
+        Step("affine", lambda x, o: x * 1.5 - 0.25),
+        Step("square", lambda x, o: x * x),
+        Step("gelu", lambda x, o: F.gelu(x)),
+        Step("softplus", lambda x, o: F.softplus(x)),
+        Step("mul_tanh", lambda x, o: x * torch.tanh(x)),
+    ]
+
+
+def applicable_steps(x: NestedTensor, c: Chooser, seed: int) -> list[Callable[[], Step]]:
+    """Builders of the steps that apply to ``x`` (each draws its own parameters when called)."""
+    ndim = x.sample_dim
+    ragged = x.ragged_dims
+    static = [d for d in range(ndim) if d not in ragged]
+    env = list(x.shape[1:])
+    out: list[Callable[[], Step]] = [lambda s=s: s for s in _unary_steps()]
+
+    def softmax() -> Step:
+        d = c.choice(list(range(ndim)))
+        log = c.choice([False, True])
+        f = torch.log_softmax if log else torch.softmax
+        return Step(f"{'log_' if log else ''}softmax(dim={d})", lambda t, o: f(t, dim=o + d))
+
+    out.append(softmax)
+
+    def reduce_static() -> Step:
+        d = c.choice(static)
+        op = c.choice(["sum", "mean", "amax"])
+        keep = c.choice([False, True])
+        return Step(f"{op}(dim={d}, keepdim={keep})", lambda t, o: getattr(t, op)(dim=o + d, keepdim=keep))
+
+    if static and ndim > len(ragged):  # never reduce the last dim away entirely
+        out.append(reduce_static)
+
+    def reduce_ragged() -> Step:
+        d = c.choice(list(ragged))
+        ops = ["sum", "mean"] + (["amax", "logsumexp"] if min(_extents(x, d), default=1) > 0 else [])
+        op = c.choice(ops)
+        keep = c.choice([False, True])
+        return Step(f"{op}(dim={d}, keepdim={keep})", lambda t, o: getattr(t, op)(dim=o + d, keepdim=keep))
+
+    out.append(reduce_ragged)
+
+    def cumsum() -> Step:
+        d = c.choice(list(range(ndim)))
+        return Step(f"cumsum(dim={d})", lambda t, o: t.cumsum(dim=o + d))
+
+    out.append(cumsum)
+
+    if static and env[-1] >= 1 and (ndim - 1) in static:
+        cin = env[-1]
+
+        def linear() -> Step:
+            cout = c.integer(1, 3)
+            g = torch.Generator().manual_seed(seed + cout)
+            w = torch.randn(cout, cin, generator=g, dtype=torch.float64).to(x.dtype)
+            bias = torch.randn(cout, generator=g, dtype=torch.float64).to(x.dtype)
+            return Step(f"linear({cin}->{cout})", lambda t, o: F.linear(t, w, bias))
+
+        def layer_norm() -> Step:
+            return Step(f"layer_norm({cin})", lambda t, o: F.layer_norm(t, (cin,)))
+
+        out += [linear, layer_norm]
+
+    if ndim >= 2:
+
+        def transpose() -> Step:
+            a = c.choice(list(range(ndim)))
+            b = c.choice([d for d in range(ndim) if d != a])
+            return Step(f"transpose({a}, {b})", lambda t, o: t.transpose(o + a, o + b))
+
+        out.append(transpose)
+
+    if ndim <= 3 and len(ragged) <= 2 and _rows(x) <= 64:
+
+        def pair() -> Step:
+            d = c.choice(list(ragged))
+            return Step(f"pair(dim={d})", lambda t, o: t.unsqueeze(o + d + 1) + t.unsqueeze(o + d))
+
+        out.append(pair)
+
+    def center() -> Step:
+        d = c.choice(list(ragged))
+        return Step(f"center(dim={d})", lambda t, o: t - t.mean(dim=o + d, keepdim=True).nan_to_num())
+
+    out.append(center)
+    return out
+
+
+def _rows(x: NestedTensor) -> int:
+    return max((int(n) for n in x.host_offsets().diff().tolist()), default=0)
+
+
+# ---------------------------------------------------------------------------- cases
+
+
+def draw_case(c: Chooser, *, max_steps: int = 4) -> Case:
+    """A structure, a dtype and a chain of 1 to ``max_steps`` ops, each drawn against the
+    structure the previous ops produced (chains end early when the result is dense)."""
+    shapes, ragged = draw_structure(c)
+    dtype = c.choice(DTYPES)
+    seed = c.integer(0, 2**16)
+    steps: list[Step] = []
+    x, _ = _inputs(shapes, ragged, dtype, seed, grad=False)
+    with torch.no_grad():
+        for _ in range(c.integer(1, max_steps)):
+            if not isinstance(x, NestedTensor):
+                break
+            options = applicable_steps(x, c, seed + len(steps))
+            step = c.choice(options)()
+            steps.append(step)
+            x = step.fn(x, 1)
+    return Case(shapes, ragged, dtype, seed, steps)
+
+
+def _inputs(shapes, ragged, dtype, seed, grad: bool) -> tuple[NestedTensor, list[Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    dense = [torch.randn(s, generator=g, dtype=torch.float64).to(dtype) for s in shapes]
+    nt = from_list([d.clone() for d in dense], ragged_dims=ragged, requires_grad=grad)
+    return nt, [d.requires_grad_(grad) for d in dense]
+
+
+def run_chain(steps: Sequence[Step], x: Tensor, o: int, scale: list[float] | None = None) -> Tensor:
+    """Apply ``steps``; with ``scale``, append the largest finite magnitude of every intermediate."""
+    for s in steps:
+        x = s.fn(x, o)
+        if scale is not None and x.numel():
+            v = x.detach().double().abs()
+            v = v[torch.isfinite(v)]
+            scale.append(float(v.max()) if v.numel() else 0.0)
+    return x
+
+
+def run_case(case: Case) -> None:
+    """Run ``case`` on the NestedTensor and on every sample; compare values and gradients.
+
+    Raises ``AssertionError`` naming the case on any difference.
+    """
+    rtol, atol = TOLERANCES[case.dtype]
+    nt, dense = _inputs(case.shapes, case.ragged, case.dtype, case.seed, grad=True)
+    try:
+        out = run_chain(case.steps, nt, 1)
+        seen: list[float] = [1.0]
+        refs = [run_chain(case.steps, s, 0, seen) for s in dense]
+        assert_close_samples(out, refs, rtol=rtol, atol=atol * max(seen))
+        g = torch.Generator().manual_seed(case.seed + 1)
+        cot = [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r.dtype) for r in refs]
+        if isinstance(out, NestedTensor):
+            out.backward(from_list(cot, ragged_dims=out.ragged_dims, dtype=out.dtype))
+        else:
+            out.backward(torch.stack(cot))
+        torch.autograd.backward(refs, cot)
+        want = [s.grad if s.grad is not None else torch.zeros_like(s) for s in dense]
+        for w in want:
+            fin = w.detach().double().abs()
+            fin = fin[torch.isfinite(fin)]
+            seen.append(float(fin.max()) if fin.numel() else 0.0)
+        if nt.grad is None:
+            if any(bool(w.abs().sum() > 0) for w in want):
+                raise AssertionError("gradient: the NestedTensor received no .grad but the reference did")
+        else:
+            assert_close_samples(nt.grad, want, what="gradient", rtol=rtol, atol=atol * max(seen))
+    except AssertionError as e:
+        raise AssertionError(f"{case!r}\n{e}") from None
+    except Exception as e:
+        raise AssertionError(f"{case!r}\nraised {type(e).__name__}: {e}") from e
