@@ -14,7 +14,7 @@ only when a reader needs them (``pip install 'padless[loaders]'``).
   (Hugging Face ``datasets``), :class:`ImageFolder`;
 * streams: :class:`StreamingBucketer`, :class:`BucketedStream`, :class:`Shuffle`;
 * transforms (the readers' ``transform=`` hook): :class:`Normalize`,
-  :func:`resize_to_budget` / :func:`budget_size`, :class:`Compose`;
+  :func:`resize_to_budget` / :func:`budget_size` / :func:`budget_sizes`, :class:`Compose`;
 * errors: :class:`SkipAndWarn` (default), :func:`raise_error`, :class:`SampleError`;
   shards that end early reach the handler as :class:`TruncatedShardError`, images
   over ``max_pixels`` as :class:`ImageTooLargeError`.
@@ -43,7 +43,7 @@ from padless.loaders.images import DEFAULT_MAX_PIXELS, ImageTooLargeError, decod
 from padless.loaders.samplers import BatchSamplerBase, BucketBatchSampler, BudgetBatchSampler, RandomBatchSampler
 from padless.loaders.streaming import BucketedStream, Shuffle, StreamingBucketer, fixed_length, shuffle_buffer
 from padless.loaders.tarstream import TrailingDataError, TruncatedShardError
-from padless.loaders.transforms import Compose, FieldTransforms, Normalize, budget_size, resize_to_budget
+from padless.loaders.transforms import Compose, FieldTransforms, Normalize, budget_size, budget_sizes, resize_to_budget
 from padless.loaders.webdataset import WebDatasetReader
 
 __all__ = [
@@ -75,6 +75,7 @@ __all__ = [
     "WebDatasetReader",
     "as_sizes",
     "budget_size",
+    "budget_sizes",
     "current_consumer",
     "decode_image",
     "fixed_length",

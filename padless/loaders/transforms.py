@@ -10,6 +10,9 @@ dict applied to those fields (:class:`FieldTransforms`)::
         "image": Compose(partial(resize_to_budget, patch=16, max_tokens=256), Normalize(MEAN, STD)),
     })
 
+A sampler that budgets tokens must see the sizes after such a resize:
+``BudgetBatchSampler(budget_sizes(folder.sizes(), 16, 256), PixelBudget(4096, patch_size=16))``.
+
 Images are ``(C, H, W)``, contiguous or channel-last views (what the readers
 decode to); both transforms here keep the input's layout, so a channel-last image
 stays channel-last and the collator still packs it with a plain memory copy.
@@ -27,6 +30,7 @@ import math
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -207,6 +211,20 @@ def budget_size(
         candidates.append((by_w[1], by_w[0], by_w[2]))
     gh, gw, _ = max(candidates, key=lambda c: c[2])
     return gh * patch, gw * patch
+
+
+def budget_sizes(sizes: Any, patch: int, max_tokens: int, *, max_upsample: float | None = 1.0) -> np.ndarray:
+    """:func:`budget_size` of every ``(H, W)`` row: the sizes a sampler should see when a
+    reader's transform resizes to a token budget (``ImageFolder.sizes()`` are the sizes before it).
+
+    >>> budget_sizes([(480, 640), (20, 30)], 16, 256).tolist()
+    [[224, 288], [16, 16]]
+    """
+    arr = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+    out = np.empty_like(arr)
+    for i, (h, w) in enumerate(arr.tolist()):
+        out[i] = budget_size(h, w, patch, max_tokens, max_upsample=max_upsample)
+    return out
 
 
 def resize_to_budget(

@@ -19,7 +19,10 @@ from padless.loaders import (
     ImageFolder,
     Normalize,
     WebDatasetReader,
+    BudgetBatchSampler,
+    PixelBudget,
     budget_size,
+    budget_sizes,
     resize_to_budget,
 )
 from padless.loaders.synthetic import write_image_folder, write_shards
@@ -169,3 +172,14 @@ def test_transform_errors_name_the_sample(tmp_path) -> None:
         list(WebDatasetReader(shards, fields=FIELDS, transform=broken))
     if sys.version_info >= (3, 11):
         assert "sample '00000000' of shard" in e.value.__notes__[0]
+
+
+def test_budget_sizes_feed_a_sampler_the_sizes_after_the_resize(tmp_path) -> None:
+    write_image_folder(str(tmp_path), ("a",), per_class=5, low=20, high=90)
+    resize = partial(resize_to_budget, patch=8, max_tokens=20)
+    ds = ImageFolder(tmp_path, transform={"image": resize})
+    sizes = budget_sizes(ds.sizes(), 8, 20)
+    assert [tuple(ds[i]["image"].shape[1:]) for i in range(len(ds))] == [tuple(s) for s in sizes.tolist()]
+    sampler = BudgetBatchSampler(sizes, PixelBudget(40, patch_size=8), seed=0)
+    for batch in sampler:
+        assert len(batch) == 1 or sum((h // 8) * (w // 8) for h, w in sizes[batch].tolist()) <= 40
