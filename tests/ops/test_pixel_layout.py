@@ -142,3 +142,24 @@ def test_pad_unfold_shuffle_random_batches(seed):
     check_op(lambda x: F.pixel_shuffle(x, 2), v, seed=seed)
     even = Variant(f"random-even-{seed}", tuple((3, 2 * h, 2 * w) for _, h, w in shapes), (1, 2))
     check_op(lambda x: F.pixel_unshuffle(x, 2), even, seed=seed)
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: F.pad(x, (1, 1, 1, 0), mode="reflect"),
+        lambda x: F.pad(x, (1, 0, 0, 2), value=1.0),
+        lambda x: F.pixel_shuffle(x, 2),
+        lambda x: F.pixel_unshuffle(x, 2),
+        lambda x: F.unfold(x, 2, padding=1),
+    ],
+    ids=["pad_reflect", "pad_constant", "pixel_shuffle", "pixel_unshuffle", "unfold"],
+)
+def test_gradcheck_float64(fn):
+    nt, _ = leaves([(4, 2, 4), (4, 4, 2), (4, 2, 4)], dtype=torch.float64, ragged=(1, 2))
+    sizes = nt.sizes()
+
+    def f(vals):
+        return fn(padless.from_values(vals, sizes=sizes, ragged_dims=(1, 2))).values()
+
+    torch.autograd.gradcheck(f, (nt.values().detach().clone().requires_grad_(),), fast_mode=True)
