@@ -1,13 +1,21 @@
 """collate_fn throughput: padless against the padded path, through a real DataLoader, in one run.
 
-    python benchmarks/collate.py [--batches 8] [--rounds 5] [--workers 0,2] [--kinds tokens,images,pairs]
+    python benchmarks/collate.py [--batches 8] [--rounds 5] [--workers 0,2] [--threads 1]
+                                 [--kinds tokens,images,images_chw,pairs]
 
-Three batch kinds (``padless.collate.synthetic``):
+Batch kinds (``padless.collate.synthetic``):
 
 * tokens: B=64 sequences, lengths lognormal(5, 1) clipped to [1, 2048] (int64 ids);
-* images: B=32 uint8 images (3, H, W), H and W uniform in [64, 512];
+* images: B=32 uint8 images (3, H, W), H and W uniform in [64, 512], as the readers return
+  them: channels-last views of the decoder's (H, W, 3) buffer;
+* images_chw: the same images as contiguous (3, H, W) tensors (a user dataset's layout);
 * pairs:  B=8 samples with single features (N, 32) and a pair state (N, N, 16),
   N uniform in [24, 256], with pair maps (``Field(pair=True)``).
+
+The collate-call table also times dict samples with five fields (``input_ids``,
+``attention_mask``, ``labels``, an int, a string) against ``pad_sequence`` per field plus a
+mask. ``--threads`` sets the main process's torch threads (1: as in a worker; DataLoader
+workers always run one).
 
 The padded path is what such a project writes by hand: ``pad_sequence`` or
 zero-filled padding plus boolean masks (``default_collate`` for the labels). The
@@ -26,6 +34,7 @@ samples, with the shared interleaved runner.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -39,7 +48,7 @@ import padless
 from padless.collate.synthetic import ImageDataset, PairDataset, TokenDataset
 from padless.testing import bench
 
-BATCH = {"tokens": 64, "images": 32, "pairs": 8}
+BATCH = {"tokens": 64, "images": 32, "images_chw": 32, "pairs": 8}
 
 
 # ---------------------------------------------------------------------------- the padded path
@@ -80,10 +89,23 @@ def pad_pairs(samples: list[dict]) -> dict:
             "label": default_collate([s["label"] for s in samples])}
 
 
-PADDED: dict[str, Callable] = {"tokens": pad_tokens, "images": pad_images, "pairs": pad_pairs}
+def pad_fields(samples: list[dict]) -> dict:
+    """Dict samples with several token fields: pad_sequence per field, one mask, the rest as
+    default_collate makes it."""
+    out = {k: pad_sequence([s[k] for s in samples], batch_first=True) for k in TOKEN_FIELDS}
+    lengths = torch.tensor([s["input_ids"].shape[0] for s in samples])
+    out["mask"] = torch.arange(out["input_ids"].shape[1])[None, :] < lengths[:, None]
+    rest = default_collate([{k: v for k, v in s.items() if k not in TOKEN_FIELDS} for s in samples])
+    return {**out, **rest}
+
+
+TOKEN_FIELDS = ("input_ids", "attention_mask", "labels")
+IMAGES = padless.Collator({"image": padless.Field(ragged=(1, 2))})
+PADDED: dict[str, Callable] = {"tokens": pad_tokens, "images": pad_images, "images_chw": pad_images, "pairs": pad_pairs}
 PADLESS: dict[str, Callable] = {
     "tokens": padless.Collator({"input_ids": padless.Field(ragged=0)}),
-    "images": padless.Collator({"image": padless.Field(ragged=(1, 2))}),
+    "images": IMAGES,
+    "images_chw": IMAGES,
     "pairs": padless.Collator({"single": padless.Field(ragged=0, pair=True), "pair": padless.Field(ragged=(0, 1))}),
 }
 
@@ -91,9 +113,20 @@ PADLESS: dict[str, Callable] = {
 def dataset(kind: str, n: int):
     if kind == "tokens":
         return TokenDataset(n, lo=1, hi=2048, mean=5.0, std=1.0)
-    if kind == "images":
-        return ImageDataset(n, lo=64, hi=512)
+    if kind in ("images", "images_chw"):
+        return ImageDataset(n, lo=64, hi=512, channels_last=kind == "images")
     return PairDataset(n, lo=24, hi=256, c=32, cp=16)
+
+
+def field_samples() -> list[dict]:
+    """The token batch as tokenizer-style dict samples with five fields."""
+    ds = dataset("tokens", BATCH["tokens"])
+    out = []
+    for i in range(BATCH["tokens"]):
+        ids = ds[i]["input_ids"]
+        out.append({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids.clone(),
+                    "length": int(ids.shape[0]), "id": f"doc{i}"})
+    return out
 
 
 # ---------------------------------------------------------------------------- measuring
@@ -163,8 +196,9 @@ def loader_rows(kinds: list[str], workers: list[int], batches: int, rounds: int,
 
 
 def collate_call_rows(kinds: list[str], rounds: int) -> list[bench.Row]:
-    """The collate call itself, on the same samples, interleaved with pad_sequence."""
+    """The collate call itself, on the same samples, interleaved with the padded collate_fn."""
     out: list[bench.Row] = []
+    notes = {"pad_sequence": "alone, no mask", "padless.collate(tensors)": "the bare tensors, no dicts"}
     for kind in kinds:
         ds = dataset(kind, BATCH[kind])
         samples = [ds[i] for i in range(BATCH[kind])]
@@ -175,13 +209,24 @@ def collate_call_rows(kinds: list[str], rounds: int) -> list[bench.Row]:
         else:
             seqs = [s["image"].flatten(1).t() for s in samples]  # (H*W, 3) rows: what pad_sequence can pad
         impls = {
+            "padded collate_fn": lambda: PADDED[kind](samples),
+            "padless.collate": lambda: padless.collate(samples),
+            "padless Collator": lambda: PADLESS[kind](samples),
             "pad_sequence": lambda: pad_sequence(seqs, batch_first=True),
             "padless.collate(tensors)": lambda: padless.collate(seqs),
-            "padded collate_fn": lambda: PADDED[kind](samples),
-            "padless Collator": lambda: PADLESS[kind](samples),
         }
-        res = bench.interleaved(impls, baseline="pad_sequence", rounds=max(20, rounds * 10), warmup=2)
-        out += bench.rows_from(kind, res, {"padless.collate(tensors)": "vs pad_sequence on the same tensors"})
+        res = bench.interleaved(impls, baseline="padded collate_fn", rounds=max(20, rounds * 10), warmup=2)
+        out += bench.rows_from(kind, res, notes)
+    if "tokens" in kinds:
+        dicts = field_samples()
+        fields = padless.Collator({k: padless.Field(ragged=0) for k in TOKEN_FIELDS})
+        impls = {
+            "padded collate_fn": lambda: pad_fields(dicts),
+            "padless.collate": lambda: padless.collate(dicts),
+            "padless Collator": lambda: fields(dicts),
+        }
+        res = bench.interleaved(impls, baseline="padded collate_fn", rounds=max(20, rounds * 10), warmup=2)
+        out += bench.rows_from("tokens, 5-field dicts", res)
     return out
 
 
@@ -190,12 +235,14 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=8, help="batches per epoch")
     ap.add_argument("--rounds", type=int, default=5, help="interleaved epochs per implementation")
     ap.add_argument("--workers", default="0,2")
-    ap.add_argument("--kinds", default="tokens,images,pairs")
+    ap.add_argument("--kinds", default="tokens,images,images_chw,pairs")
+    ap.add_argument("--threads", type=int, default=1, help="main-process torch threads")
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     kinds = [k for k in args.kinds.split(",") if k]
     workers = [int(w) for w in args.workers.split(",") if w]
     pin = can_pin()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, pin_memory: "
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, load average {load()}, pin_memory: "
           f"{'on' if pin else 'pinning unavailable (no accelerator): loaders run with pin_memory=False'}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -208,7 +255,15 @@ def main() -> None:
         print(f"| {r['kind']} | {r['workers']} | {r['padded_sps']:,.0f} | {r['padless_sps']:,.0f} | "
               f"{r['speedup']:.2f}x | {r['padded_main_ms']:.2f} | {r['padless_main_ms']:.2f} | "
               f"{r['padded_mb']:.2f} | {r['padless_mb']:.2f} |")
-    bench.print_table(collate_call_rows(kinds, args.rounds), "The collate call itself", "pad_sequence")
+    bench.print_table(collate_call_rows(kinds, args.rounds), "The collate call itself", "padded collate_fn")
+    print(f"\nload average at the end: {load()}")
+
+
+def load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
 
 
 if __name__ == "__main__":

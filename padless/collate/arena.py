@@ -50,6 +50,7 @@ class Arena:
         self._slots: list[Slot] = []
         self.buffers: dict[torch.dtype, Tensor] = {}
         self._np: dict[torch.dtype, np.ndarray] = {}
+        self._base: dict[torch.dtype, int] = {}
 
     def reserve(self, dtype: torch.dtype, numel: int, *, host: bool = False) -> Slot:
         if self.buffers:
@@ -68,11 +69,12 @@ class Arena:
                     start = -(-ends.get(s.dtype, 0) // step) * step
                     s.start = start
                     ends[s.dtype] = start + s.numel
-        self.buffers = {dt: _empty(dt, n, shared) for dt, n in ends.items()}
+        self.buffers = _carve(ends, shared)
+        self._base = {dt: b.storage_offset() for dt, b in self.buffers.items()}
 
     def view(self, slot: Slot, shape: tuple[int, ...] | list[int], at: int = 0) -> Tensor:
         """The slot (from element ``at`` of it) as a contiguous tensor of ``shape``: one op."""
-        return self.buffers[slot.dtype].as_strided(tuple(shape), _strides(shape), slot.start + at)
+        return self.buffers[slot.dtype].as_strided(tuple(shape), _strides(shape), self._base[slot.dtype] + slot.start + at)
 
     def numpy(self, slot: Slot) -> np.ndarray:
         """The slot as a 1-D numpy array sharing memory (integer and bool metadata is written
@@ -94,6 +96,12 @@ def _strides(shape: tuple[int, ...] | list[int]) -> tuple[int, ...]:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return dtype.itemsize
+
+
+def _carve(numels: dict[torch.dtype, int], shared: bool) -> dict[torch.dtype, Tensor]:
+    """One 1-D buffer per dtype (in shared memory when ``shared``). One storage per dtype, not one
+    for the batch: ``torch.save`` refuses storages viewed as several dtypes."""
+    return {dt: _empty(dt, n, shared) for dt, n in numels.items()}
 
 
 def _empty(dtype: torch.dtype, numel: int, shared: bool) -> Tensor:

@@ -6,6 +6,7 @@ sample generation)::
 
     TokenDataset     {"input_ids": int64 (L,),             "label": int}   L lognormal in [lo, hi]
     ImageDataset     {"image": uint8 (3, H, W),            "label": int}   H, W uniform in [lo, hi]
+                                                                     (channels-last views by default)
     PairDataset      {"single": float32 (N, C), "pair": float32 (N, N, Cp), "label": int}
 """
 
@@ -54,14 +55,19 @@ class TokenDataset(_Pool):
 
 
 class ImageDataset(_Pool):
-    def __init__(self, length: int, *, lo: int = 64, hi: int = 512, pool: int = 64, seed: int = 0) -> None:
+    """``channels_last=True``: each image is a ``(3, H, W)`` view of an ``(H, W, 3)`` buffer, what
+    decoders produce and the readers return; ``False``: contiguous ``(3, H, W)`` tensors."""
+
+    def __init__(self, length: int, *, lo: int = 64, hi: int = 512, pool: int = 64, seed: int = 0,
+                 channels_last: bool = True) -> None:
         super().__init__(length)
         g = torch.Generator().manual_seed(seed)
         hw = uniform_ints(pool, lo, hi, seed, k=2)
-        self.pool = [
-            {"image": torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=g), "label": i % 10}
-            for i, (h, w) in enumerate(hw)
-        ]
+        self.pool = []
+        for i, (h, w) in enumerate(hw):
+            hwc = torch.randint(0, 256, (h, w, 3), dtype=torch.uint8, generator=g)
+            img = hwc.permute(2, 0, 1) if channels_last else hwc.permute(2, 0, 1).contiguous()
+            self.pool.append({"image": img, "label": i % 10})
 
 
 class PairDataset(_Pool):
