@@ -216,7 +216,8 @@ def _arg_extreme(op: str, nt: NestedTensor, dim: int, keepdim: bool, largest: bo
     _check_nonempty(op, nt, g, [d])
     with torch.no_grad():
         best = segment.segment_extreme(vals, g, "amax" if largest else "amin")
-        hit = vals == segment.gather_rows(best, g)
+        ref = segment.gather_rows(best, g)
+        hit = (vals == ref) | (vals.isnan() & ref.isnan())  # a NaN wins (as in torch): its first row
         rows = torch.arange(vals.shape[0], device=vals.device).view(-1, *([1] * (vals.dim() - 1)))
         cand = torch.where(hit, rows, vals.shape[0]).expand_as(vals)
         first = torch.full((g.n_groups, *vals.shape[1:]), vals.shape[0], device=vals.device, dtype=torch.int64)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import warnings
 from typing import Callable, Protocol, Sequence
 
 import torch
@@ -140,13 +141,16 @@ def _unary_steps() -> list[Step]:
     ]
 
 
+_UNARY = _unary_steps()
+
+
 def applicable_steps(x: NestedTensor, c: Chooser, seed: int) -> list[Callable[[], Step]]:
     """Builders of the steps that apply to ``x`` (each draws its own parameters when called)."""
     ndim = x.sample_dim
     ragged = x.ragged_dims
     static = [d for d in range(ndim) if d not in ragged]
     env = list(x.shape[1:])
-    out: list[Callable[[], Step]] = [lambda s=s: s for s in _unary_steps()]
+    out: list[Callable[[], Step]] = [lambda: c.choice(_UNARY)]  # one pick among many: chains stay varied
 
     def softmax() -> Step:
         d = c.choice(list(range(ndim)))
@@ -217,6 +221,59 @@ def applicable_steps(x: NestedTensor, c: Chooser, seed: int) -> list[Callable[[]
         return Step(f"center(dim={d})", lambda t, o: t - t.mean(dim=o + d, keepdim=True).nan_to_num())
 
     out.append(center)
+
+    def var() -> Step:
+        d = c.choice(list(range(ndim)))
+        op = c.choice(["var", "std"])
+        keep = c.choice([False, True])
+        # correction 0: a one-element group has variance 0 on both sides (1 would give NaN)
+        return Step(f"{op}(dim={d}, correction=0, keepdim={keep})",
+                    lambda t, o: getattr(t, op)(dim=o + d, correction=0, keepdim=keep))
+
+    if static:  # var of the only dim of a rank-1 sample would leave a dense batch: still fine
+        out.append(var)
+
+    if len(ragged) >= 2:
+
+        def cross() -> Step:
+            a = c.choice(list(ragged))
+            b = c.choice([d for d in ragged if d != a])
+            return Step(
+                f"cross(sum dim {a} * sum dim {b})",
+                lambda t, o: t.sum(dim=o + a, keepdim=True) * t.sum(dim=o + b, keepdim=True),
+            )
+
+        out.append(cross)
+
+    nonempty = [d for d in ragged if min(_extents(x, d), default=1) > 0]
+    if nonempty:
+
+        def max_dim() -> Step:
+            d = c.choice(nonempty)
+            largest = c.choice([True, False])
+            f = torch.max if largest else torch.min
+            return Step(f"{'max' if largest else 'min'}(dim={d}).values", lambda t, o: f(t, dim=o + d).values)
+
+        out.append(max_dim)
+
+    if ndim <= 3:
+
+        def unsqueeze() -> Step:
+            d = c.integer(0, ndim)
+            return Step(f"unsqueeze({d})", lambda t, o: t.unsqueeze(o + d))
+
+        out.append(unsqueeze)
+
+    ones = [d for d in static if env[d] == 1]
+    if ones and ndim > 1:
+
+        def squeeze() -> Step:
+            d = c.choice(ones)
+            return Step(f"squeeze({d})", lambda t, o: t.squeeze(o + d))
+
+        out.append(squeeze)
+
+    out.append(lambda: Step("contiguous", lambda t, o: t.contiguous()))
     return out
 
 
@@ -271,6 +328,12 @@ def run_case(case: Case) -> None:
     """
     rtol, atol = TOLERANCES[case.dtype]
     nt, dense = _inputs(case.shapes, case.ragged, case.dtype, case.seed, grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. torch's "degrees of freedom <= 0" on an empty sample
+        _compare(case, nt, dense, rtol, atol)
+
+
+def _compare(case: Case, nt: NestedTensor, dense: list[Tensor], rtol: float, atol: float) -> None:
     try:
         out = run_chain(case.steps, nt, 1)
         seen: list[float] = [1.0]

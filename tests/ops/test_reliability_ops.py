@@ -143,3 +143,20 @@ def test_recently_used_plan_survives_eviction():
         other = padless.from_list([torch.randn(1, n + 1), torch.randn(1, 1)], ragged_dims=(1,))
         plan("add", [left, other])
     assert plan("add", [left, keep]) is first
+
+
+# ---------------------------------------------------------------------------- found by the fuzzer
+
+
+@pytest.mark.parametrize("largest", [True, False])
+def test_max_min_over_a_ragged_dim_holding_nan(largest):
+    # Before: "index 8 is out of bounds" (a NaN never equals the group's NaN extreme)
+    f = torch.max if largest else torch.min
+    x, dense = leaves([(3, 2), (2, 2), (1, 2)], seed=0)
+    nan_col = torch.tensor([1.0, float("nan")])
+    out = check_samples(lambda t: f(t * nan_col, dim=1).values, lambda t: f(t * nan_col, dim=0).values, [(x, dense)])
+    assert out[:, 1].isnan().all()
+    y = padless.from_list([torch.tensor([1.0, -1.0, 2.0]), torch.tensor([-3.0, 4.0])])
+    got = f(y.log(), dim=1)
+    want = [f(s.log(), dim=0) for s in y.unbind()]
+    assert got.indices.tolist() == [int(w.indices) for w in want]
