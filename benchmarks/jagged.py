@@ -13,6 +13,13 @@ long-tailed lengths, some features missing) is
 
 Timed: collation alone, pooling forward + backward alone, and both; medians of
 interleaved rounds from one run; ratios are per-round (padded time / this time).
+
+A second table times the jagged types themselves against TorchRec's, side by side
+(TorchRec is the baseline column; it runs only where ``torchrec`` imports, e.g. a
+separate environment with ``torchrec`` and ``fbgemm-gpu-cpu``):
+KJT construction from lengths, ``from_lengths_sync``, ``to_dict``, ``from_jt_dict``,
+``concat``, ``permute``, ``split`` and ``to_padded_dense`` of every key.
+``--types-only`` skips the first table.
 """
 
 from __future__ import annotations
@@ -37,7 +44,12 @@ def main() -> None:
     ap.add_argument("--num-embeddings", type=int, default=20_000)
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--types-only", action="store_true", help="only the jagged-types table (vs TorchRec)")
     args = ap.parse_args()
+    if args.types_only:
+        torch.set_num_threads(args.threads)
+        types_table(args)
+        return
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     keys = [f"f{i}" for i in range(args.features)]
@@ -116,6 +128,55 @@ def main() -> None:
     bench.print_table(rows, "sparse features: collate + pooled embedding lookup", "padded")
     if notes:
         print(f"\nTorchRec (KeyedJaggedTensor + EmbeddingBagCollection): {notes['torchrec']}, not run")
+    types_table(args)
+
+
+def types_table(args: argparse.Namespace) -> None:
+    """The jagged types' own operations, padless vs TorchRec (when importable)."""
+    from padless.jagged import JaggedTensor, KeyedJaggedTensor
+
+    torch.manual_seed(1)
+    b, keys = args.batch, [f"f{i}" for i in range(args.features)]
+    lengths = torch.randint(0, args.max_len // 2, (b * len(keys),), dtype=torch.int32)
+    values = torch.randint(0, args.num_embeddings, (int(lengths.sum()),))
+    half = len(keys) // 2
+    libs = {"padless": (JaggedTensor, KeyedJaggedTensor)}
+    try:
+        from torchrec.sparse.jagged_tensor import JaggedTensor as TJ, KeyedJaggedTensor as TK
+
+        libs = {"torchrec": (TJ, TK), **libs}
+    except ImportError:
+        pass
+
+    def cases(J, K):  # noqa: N803 - the two classes under test
+        kjt = K.from_lengths_sync(keys, values, lengths)
+        jt_dict = kjt.to_dict()
+        parts = kjt.split([half, len(keys) - half])
+        perm = list(range(len(keys)))[::-1]
+        return {
+            "KJT(keys, values, lengths)": lambda: K(keys, values, lengths=lengths),
+            "from_lengths_sync": lambda: K.from_lengths_sync(keys, values, lengths),
+            "to_dict (fresh KJT)": lambda: K.from_lengths_sync(keys, values, lengths).to_dict(),
+            "from_jt_dict": lambda: K.from_jt_dict(jt_dict),
+            "concat (2 KJTs)": lambda: K.concat(parts),
+            "permute (reverse)": lambda: kjt.permute(perm),
+            "split (2 groups)": lambda: kjt.split([half, len(keys) - half]),
+            "to_padded_dense (every key)": lambda: [jt.to_padded_dense() for jt in jt_dict.values()],
+        }
+
+    per_lib = {name: cases(*cls) for name, cls in libs.items()}
+    base = "torchrec" if "torchrec" in libs else "padless"
+    rows = []
+    for case in per_lib["padless"]:
+        impls = {name: per_lib[name][case] for name in libs}
+        rows += bench.rows_from(case, bench.interleaved(impls, baseline=base, rounds=max(args.rounds, 30), inner=5))
+    print(
+        f"\nB={b}, {len(keys)} keys, lengths U[0, {args.max_len // 2}), {int(lengths.sum()):,} values, "
+        f"{torch.get_num_threads()} thread(s)"
+    )
+    bench.print_table(rows, "jagged types: padless vs TorchRec (ratio > 1: faster than TorchRec)", base)
+    if base == "padless":
+        print("\nTorchRec is not importable here: only padless was timed.")
 
 
 if __name__ == "__main__":

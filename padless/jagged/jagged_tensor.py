@@ -4,10 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
+import numpy as np
 import torch
+import torch.utils._pytree
 from torch import Tensor
+from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
+from padless.tensor.errors import StructureError
 
 if TYPE_CHECKING:
     from padless.tensor.core import NestedTensor
@@ -60,33 +64,19 @@ class JaggedTensor:
         if lengths is None and offsets is None:
             raise ValueError(f"{what}: pass lengths= or offsets= (or both)")
         C.check_weights(what, weights, values)
-        total = values.shape[0]
-        host: Tensor | None = None
         if lengths is not None:
             C.check_int(what, "lengths", lengths)
-            C.check_lengths(what, lengths, total)
-            if C.is_host(lengths):
-                host = C.offsets_from_lengths(lengths.to(torch.int64))
         if offsets is not None:
             C.check_int(what, "offsets", offsets)
-            C.check_offsets(what, offsets, total)
-            if lengths is not None and offsets.numel() != lengths.numel() + 1:
-                raise ValueError(
+            if lengths is not None and offsets.numel() and offsets.numel() != lengths.numel() + 1:
+                raise StructureError(
                     f"{what}: offsets must have len(lengths) + 1 = {lengths.numel() + 1} entries, got {offsets.numel()}"
                 )
-            if C.is_host(offsets):
-                ho = offsets.to(torch.int64)
-                if host is not None and not torch.equal(ho, host):
-                    raise ValueError(
-                        f"{what}: lengths and offsets disagree: offsets {ho.tolist()}, "
-                        f"cumsum of lengths {host.tolist()}"
-                    )
-                host = ho
         self._values = values
         self._weights = weights
         self._lengths = lengths
         self._offsets = offsets
-        self._host_offsets = host
+        self._host_offsets = C.host_offsets(what, lengths, offsets, values.shape[0])
 
     @classmethod
     def _make(
@@ -120,7 +110,8 @@ class JaggedTensor:
     def lengths(self) -> Tensor:
         """Slice lengths ``(B,)``; derived from offsets on their device (no sync) and cached."""
         if self._lengths is None:
-            self._lengths = C.lengths_from_offsets(self._require(self._offsets))
+            off = self._require(self._offsets)
+            self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
         return self._lengths
 
     @staticmethod
@@ -142,18 +133,25 @@ class JaggedTensor:
         return self._offsets
 
     def host_offsets(self) -> Tensor:
-        """Offsets as a CPU int64 tensor, cached. Syncs once only for a JaggedTensor built
-        from device tensors (anything built on the host, then moved, carries it)."""
+        """Offsets ``(B+1,)`` as a CPU int64 tensor, cached. Syncs once only for a JaggedTensor
+        built from device tensors (anything built on the host, then moved, carries it)."""
         if self._host_offsets is None:
-            self._host_offsets = self.offsets().to("cpu", torch.int64)
+            off = self.offsets()
+            self._host_offsets = off.to("cpu", torch.int64) if off.numel() else torch.zeros(1, dtype=torch.int64)
         return self._host_offsets
+
+    def _end(self) -> int:
+        """Rows of values the slices use (values may hold a tail past them; reads host offsets)."""
+        return int(self.host_offsets()[-1])
 
     def device(self) -> torch.device:
         return self._values.device
 
     def batch_size(self) -> int:
         """Number of slices B (no sync)."""
-        return self._lengths.numel() if self._lengths is not None else self.offsets().numel() - 1
+        if self._lengths is not None:
+            return self._lengths.numel()
+        return C.count(self._offsets, offsets=True)
 
     def __len__(self) -> int:
         return self.batch_size()
@@ -162,12 +160,12 @@ class JaggedTensor:
 
     def to_dense(self) -> list[Tensor]:
         """One tensor per slice (views of ``values``); reads host offsets."""
-        return list(torch.split(self._values, self._host_lengths()))
+        return list(torch.split(C.used(self._values, self._end()), self._host_lengths()))
 
     def to_dense_weights(self) -> list[Tensor] | None:
         if self._weights is None:
             return None
-        return list(torch.split(self._weights, self._host_lengths()))
+        return list(torch.split(C.used(self._weights, self._end()), self._host_lengths()))
 
     def to_padded_dense(self, desired_length: int | None = None, padding_value: float = 0.0) -> Tensor:
         """Dense ``(B, N, *static)``: slices padded with ``padding_value`` to ``N`` rows.
@@ -193,25 +191,48 @@ class JaggedTensor:
         return C.lengths_from_offsets(self.host_offsets()).tolist()
 
     def _padded(self, src: Tensor, desired_length: int | None, padding_value: float) -> Tensor:
+        if desired_length is not None and desired_length < 0:
+            raise ValueError(f"JaggedTensor.to_padded_dense: desired_length must be >= 0, got {desired_length}")
+        if src.device.type != "cpu":
+            return self._padded_device(src, desired_length, padding_value)
+        h = self.host_offsets().numpy()
+        b = h.size - 1
+        if b == 0:
+            return src.new_full((0, int(desired_length or 0), *src.shape[1:]), padding_value)
+        mask, keep, n = _pad_mask(h, desired_length)
+        end = int(h[-1])
+        rows = src if src.shape[0] == end else src[:end]
+        if keep is not None:
+            rows = rows.index_select(0, torch.from_numpy(keep))
+        npd = _NUMPY_DTYPES.get(rows.dtype)
+        if npd is not None and not rows.requires_grad:
+            # no autograd to record: numpy's boolean assignment (no torch dispatch at all)
+            dense = np.full((b, n, *src.shape[1:]), padding_value, dtype=npd)
+            dense[mask] = rows.numpy()
+            return torch.from_numpy(dense)
+        out = src.new_full((b, n, *src.shape[1:]), padding_value)
+        m = torch.from_numpy(mask)
+        if src.dim() > 1:
+            m = m.view(b, n, *[1] * (src.dim() - 1)).expand(out.shape)
+        # one masked scatter fills every slice's rows in order (autograd: a masked select)
+        return out.masked_scatter_(m, rows)
+
+    def _padded_device(self, src: Tensor, desired_length: int | None, padding_value: float) -> Tensor:
+        """Device path: one scatter computed on the device from its offsets (no sync; the
+        width comes from the host offsets)."""
         ho = self.host_offsets()
         b = ho.numel() - 1
-        if desired_length is None:
-            n = int(C.lengths_from_offsets(ho).max()) if b else 0
-        else:
-            if desired_length < 0:
-                raise ValueError(f"JaggedTensor.to_padded_dense: desired_length must be >= 0, got {desired_length}")
-            n = int(desired_length)
-        total = src.shape[0]
+        n = int(C.lengths_from_offsets(ho).max()) if desired_length is None else int(desired_length)
+        total = int(ho[-1])
         if total == 0 or n == 0:
             return src.new_full((b, n, *src.shape[1:]), padding_value)
-        # one scatter into a flat buffer with a spill slot for truncated rows: no boolean
-        # indexing, so no device sync
+        # a flat buffer with a spill slot for truncated rows: no boolean indexing, so no sync
         out = src.new_full((b * n + 1, *src.shape[1:]), padding_value)
         off = self.offsets().to(torch.int64)
         rows = torch.repeat_interleave(torch.arange(b, device=src.device), off[1:] - off[:-1], output_size=total)
         pos = torch.arange(total, device=src.device) - off[:-1][rows]
         dest = torch.where(pos < n, rows * n + pos, b * n)
-        out.index_put_((dest,), src)  # truncated rows all land in the spill slot, then dropped
+        out.index_put_((dest,), C.used(src, total))  # truncated rows all land in the spill slot, then dropped
         return out[: b * n].view(b, n, *src.shape[1:])
 
     # ------------------------------------------------------------------ constructors
@@ -224,13 +245,33 @@ class JaggedTensor:
         weights_dtype: torch.dtype | None = None,
         lengths_dtype: torch.dtype = torch.int32,
     ) -> "JaggedTensor":
-        """A JaggedTensor of zero slices (``lengths == []``, ``offsets == [0]``)."""
+        """A JaggedTensor of zero slices (``lengths == []`` and, as in TorchRec, ``offsets == []``)."""
         w = torch.empty(0, dtype=weights_dtype, device=device) if is_weighted else None
         return JaggedTensor(
             values=torch.empty(0, dtype=values_dtype, device=device),
             weights=w,
             lengths=torch.empty(0, dtype=lengths_dtype, device=device),
-            offsets=torch.zeros(1, dtype=lengths_dtype, device=device),
+            offsets=torch.empty(0, dtype=lengths_dtype, device=device),
+        )
+
+    @staticmethod
+    def empty_like(jt: "JaggedTensor", device: torch.device | str | None = None) -> "JaggedTensor":
+        """Zero slices with ``jt``'s dtypes on its device; with ``device`` given, uninitialised
+        tensors of ``jt``'s shapes on that device instead (TorchRec's two meanings)."""
+        w = jt.weights_or_none()
+        if device is None:
+            dev = jt.device()
+            return JaggedTensor(
+                values=torch.empty(0, dtype=jt.values().dtype, device=dev),
+                weights=None if w is None else torch.empty(0, dtype=w.dtype, device=dev),
+                lengths=torch.empty(0, dtype=jt.lengths().dtype, device=dev),
+            )
+        return JaggedTensor._make(
+            torch.empty_like(jt.values(), device=device),
+            None if w is None else torch.empty_like(w, device=device),
+            None if jt.lengths_or_none() is None else torch.empty_like(jt.lengths(), device=device),
+            None if jt.offsets_or_none() is None else torch.empty_like(jt.offsets(), device=device),
+            None,
         )
 
     @staticmethod
@@ -286,8 +327,8 @@ class JaggedTensor:
         (or ``weights`` with ``weights=True``); no copy, autograd kept."""
         from padless.tensor.construct import from_values
 
-        src = self.weights() if weights else self._values
         ho = self.host_offsets()
+        src = C.used(self.weights() if weights else self._values, int(ho[-1]))
         lens = C.lengths_from_offsets(ho)
         ms = int(lens.max()) if lens.numel() else 0
         on_host = src.device.type == "cpu"
@@ -346,9 +387,70 @@ class JaggedTensor:
 
         return jt_from_torchrec(jt)
 
+    def size_in_bytes(self) -> int:
+        """Bytes held by values, weights, lengths and offsets (those present; as TorchRec counts)."""
+        return C.nbytes(self._values, self._weights, self._lengths, self._offsets)
+
+    def __str__(self) -> str:
+        """The slices' contents, printed as TorchRec prints them (reads host offsets)."""
+        ho = self.host_offsets().tolist()
+        b = len(ho) - 1
+        if self._weights is None:
+            return "JaggedTensor({\n    " + C.jagged_string(self._values, ho, 0, b) + "\n})\n"
+        return (
+            'JaggedTensor({\n    "values": ' + C.jagged_string(self._values, ho, 0, b)
+            + ',\n    "weights": ' + C.jagged_string(self._weights, ho, 0, b) + "\n})\n"
+        )
+
     def __repr__(self) -> str:
         w = "" if self._weights is None else ", weighted"
         return (
             f"JaggedTensor(B={self.batch_size()}, values={tuple(self._values.shape)}, "
             f"dtype={self._values.dtype}, device={self.device()}{w})"
         )
+
+
+_NUMPY_DTYPES = {
+    d: torch.empty(0, dtype=d).numpy().dtype
+    for d in (torch.float64, torch.float32, torch.float16, torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+}
+
+
+def _pad_mask(ho: np.ndarray, desired_length: int | None) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """Host plan for ``to_padded_dense`` from int64 host offsets (numpy: a few microseconds):
+    the ``(B, N)`` mask of real positions, the value rows kept (None unless slices longer
+    than ``desired_length`` are truncated) and the width ``N``."""
+    lens = np.diff(ho)
+    longest = int(lens.max(initial=0))
+    n = longest if desired_length is None else int(desired_length)
+    if n >= longest:
+        return np.arange(n) < lens[:, None], None, n
+    pos = np.arange(int(ho[-1]), dtype=np.int64) - np.repeat(ho[:-1], lens)
+    return np.arange(n) < np.minimum(lens, n)[:, None], np.flatnonzero(pos < n), n
+
+
+def _jt_flatten(jt: JaggedTensor) -> tuple[list[Tensor | None], None]:
+    return [jt._values, jt._weights, jt._lengths, jt._offsets], None
+
+
+def _jt_flatten_with_keys(jt: JaggedTensor) -> tuple[list[tuple[Any, Tensor | None]], None]:
+    from torch.utils._pytree import GetAttrKey
+
+    return [(GetAttrKey(k), v) for k, v in zip(_JT_FIELDS, _jt_flatten(jt)[0])], None
+
+
+def _jt_unflatten(values: list[Tensor | None], context: None) -> JaggedTensor:
+    return JaggedTensor(*values)  # type: ignore[arg-type]
+
+
+_JT_FIELDS = ("_values", "_weights", "_lengths", "_offsets")
+# a pytree node (as TorchRec registers its JaggedTensor): tree_map, torch.export and
+# DataLoader pinning see its tensors rather than one opaque leaf
+torch.utils._pytree.register_pytree_node(
+    JaggedTensor,
+    _jt_flatten,
+    _jt_unflatten,
+    flatten_with_keys_fn=_jt_flatten_with_keys,
+    serialized_type_name="padless.jagged.JaggedTensor",
+)
+register_pytree_flatten_spec(JaggedTensor, lambda x, spec: _jt_flatten(x)[0])

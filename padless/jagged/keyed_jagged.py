@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
+import torch.utils._pytree
 from torch import Tensor
+from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
 from padless.jagged.jagged_tensor import JaggedTensor
+from padless.tensor.errors import StructureError
 
 
 class KeyedJaggedTensor:
@@ -65,8 +69,10 @@ class KeyedJaggedTensor:
         lengths: Tensor | None = None,
         offsets: Tensor | None = None,
         stride: int | None = None,
-        stride_per_key_per_rank: Sequence[Sequence[int]] | None = None,
+        stride_per_key_per_rank: Sequence[Sequence[int]] | Tensor | None = None,
+        stride_per_key: Sequence[int] | None = None,
         length_per_key: Sequence[int] | None = None,
+        lengths_offset_per_key: Sequence[int] | None = None,
         offset_per_key: Sequence[int] | None = None,
         index_per_key: Mapping[str, int] | None = None,
         jt_dict: Mapping[str, JaggedTensor] | None = None,
@@ -81,100 +87,96 @@ class KeyedJaggedTensor:
             raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
         if values.dim() < 1:
             raise ValueError(f"{what}: values must have a row dim, got a 0-d tensor")
-        if lengths is None and offsets is None:
-            raise ValueError(f"{what}: pass lengths= or offsets= (or both)")
         C.check_weights(what, weights, values)
         total = values.shape[0]
-        n_bags = lengths.numel() if lengths is not None else offsets.numel() - 1  # type: ignore[union-attr]
         if lengths is not None:
             C.check_int(what, "lengths", lengths)
         if offsets is not None:
             C.check_int(what, "offsets", offsets)
-            if lengths is not None and offsets.numel() != lengths.numel() + 1:
-                raise ValueError(
+            if lengths is not None and offsets.numel() and offsets.numel() != lengths.numel() + 1:
+                raise StructureError(
                     f"{what}: offsets must have len(lengths) + 1 = {lengths.numel() + 1} entries, got {offsets.numel()}"
                 )
-        # batch size per key
-        if stride_per_key_per_rank is not None:
-            if stride is not None:
-                raise ValueError(f"{what}: pass stride= or stride_per_key_per_rank=, not both")
-            spkpr = [[int(s) for s in r] for r in stride_per_key_per_rank]
-            if len(spkpr) != len(keys):
-                raise ValueError(
-                    f"{what}: stride_per_key_per_rank has {len(spkpr)} entries but there are {len(keys)} keys"
+        # with neither lengths nor offsets (TorchRec allows it) there are no bags
+        n_bags = lengths.numel() if lengths is not None else C.count(offsets, offsets=True)
+        spkpr = _spkpr_list(stride_per_key_per_rank)
+        self._keys = keys
+        self._stride_per_key_per_rank: list[list[int]] | None = spkpr
+        self._inverse_indices = inverse_indices
+        if spkpr is not None:
+            if len(spkpr) > len(keys):
+                raise StructureError(
+                    f"{what}: stride_per_key_per_rank has {len(spkpr)} entries but there are only {len(keys)} keys"
                 )
             expected = sum(sum(r) for r in spkpr)
             if n_bags != expected:
-                raise ValueError(
+                raise StructureError(
                     f"{what}: keys and lengths disagree: stride_per_key_per_rank {spkpr} needs {expected} "
                     f"lengths, got {n_bags}"
                 )
-            self._stride_per_key_per_rank: list[list[int]] | None = spkpr
-            self._stride = max((sum(r) for r in spkpr), default=0)
+            self._stride = int(stride) if stride is not None else _vbe_stride(spkpr, inverse_indices)
         else:
             if stride is None:
                 if not keys:
                     if n_bags:
-                        raise ValueError(f"{what}: keys and lengths disagree: no keys but {n_bags} lengths")
+                        raise StructureError(f"{what}: keys and lengths disagree: no keys but {n_bags} lengths")
                     stride = 0
                 elif n_bags % len(keys):
-                    raise ValueError(
+                    raise StructureError(
                         f"{what}: keys and lengths disagree: {n_bags} lengths cannot be split evenly over "
                         f"{len(keys)} keys {keys}"
                     )
                 else:
                     stride = n_bags // len(keys)
             elif n_bags != stride * len(keys):
-                raise ValueError(
+                raise StructureError(
                     f"{what}: keys and lengths disagree: {len(keys)} keys x stride {stride} = "
                     f"{stride * len(keys)} lengths expected, got {n_bags}"
                 )
-            self._stride_per_key_per_rank = None
             self._stride = int(stride)
+        if stride_per_key is not None and [int(s) for s in stride_per_key] != self.stride_per_key():
+            raise StructureError(
+                f"{what}: stride_per_key {list(stride_per_key)} disagrees with the strides {self.stride_per_key()}"
+            )
         # host-side structure (validated when it lives on the host)
-        host: Tensor | None = None
-        if lengths is not None and C.is_host(lengths):
-            C.check_lengths(what, lengths, total)
-            host = C.offsets_from_lengths(lengths.to(torch.int64))
-        if offsets is not None and C.is_host(offsets):
-            C.check_offsets(what, offsets, total)
-            ho = offsets.to(torch.int64)
-            if host is not None and not torch.equal(ho, host):
-                raise ValueError(
-                    f"{what}: lengths and offsets disagree: offsets {ho.tolist()}, cumsum of lengths {host.tolist()}"
-                )
-            host = ho
-        self._keys = keys
+        if lengths is None and offsets is None:
+            host: Tensor | None = torch.zeros(1, dtype=torch.int64)
+        else:
+            host = C.host_offsets(what, lengths, offsets, total)
         self._values = values
         self._weights = weights
         self._lengths = lengths
         self._offsets = offsets
         self._host_offsets = host
         lop = self.lengths_offset_per_key()
+        if lengths_offset_per_key is not None and [int(x) for x in lengths_offset_per_key] != lop:
+            raise StructureError(
+                f"{what}: lengths_offset_per_key {list(lengths_offset_per_key)} disagrees with the strides (which give {lop})"
+            )
         self._length_per_key: list[int] | None = None
         self._offset_per_key: list[int] | None = None
         if length_per_key is not None:
             lpk = [int(x) for x in length_per_key]
             if len(lpk) != len(keys):
-                raise ValueError(
+                raise StructureError(
                     f"{what}: keys and length_per_key disagree: {len(keys)} keys, {len(lpk)} lengths {lpk}"
                 )
-            if sum(lpk) != total:
-                raise ValueError(f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {total} rows")
+            if sum(lpk) > total:
+                raise StructureError(f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {total} rows")
             self._length_per_key = lpk
         if offset_per_key is not None:
             opk = [int(x) for x in offset_per_key]
-            if len(opk) != len(keys) + 1 or (opk and (opk[0] != 0 or opk[-1] != total)):
-                raise ValueError(
-                    f"{what}: offset_per_key must have len(keys) + 1 = {len(keys) + 1} entries from 0 to "
+            if len(opk) != len(keys) + 1 or opk[0] != 0 or opk[-1] > total:
+                raise StructureError(
+                    f"{what}: offset_per_key must have len(keys) + 1 = {len(keys) + 1} entries from 0 to at most "
                     f"{total}, got {opk}"
                 )
             self._offset_per_key = opk
         if host is not None:
-            opk = host[lop].tolist()
+            opk = host.numpy()[lop].tolist()
             lpk = [b - a for a, b in zip(opk[:-1], opk[1:])]
             if self._length_per_key is not None and self._length_per_key != lpk:
-                raise ValueError(
+                raise StructureError(
                     f"{what}: length_per_key {self._length_per_key} disagrees with lengths (which give {lpk})"
                 )
             self._length_per_key, self._offset_per_key = lpk, opk
@@ -185,7 +187,6 @@ class KeyedJaggedTensor:
             self._length_per_key = [b - a for a, b in zip(o[:-1], o[1:])]
         self._index_per_key = dict(index_per_key) if index_per_key is not None else None
         self._jt_dict = dict(jt_dict) if jt_dict is not None else None
-        self._inverse_indices = inverse_indices
 
     @classmethod
     def _make(
@@ -200,6 +201,7 @@ class KeyedJaggedTensor:
         length_per_key: list[int] | None,
         offset_per_key: list[int] | None,
         host_offsets: Tensor | None,
+        inverse_indices: tuple[list[str], Tensor] | None = None,
     ) -> "KeyedJaggedTensor":
         """Internal: trusted, already consistent parts; no checks, no syncs."""
         k = cls.__new__(cls)
@@ -209,7 +211,7 @@ class KeyedJaggedTensor:
         k._host_offsets = host_offsets
         k._index_per_key = None
         k._jt_dict = None
-        k._inverse_indices = None
+        k._inverse_indices = inverse_indices
         return k
 
     # ------------------------------------------------------------------ constructors
@@ -221,11 +223,13 @@ class KeyedJaggedTensor:
         lengths: Tensor,
         weights: Tensor | None = None,
         stride: int | None = None,
-        stride_per_key_per_rank: Sequence[Sequence[int]] | None = None,
+        stride_per_key_per_rank: Sequence[Sequence[int]] | Tensor | None = None,
+        inverse_indices: tuple[list[str], Tensor] | None = None,
     ) -> "KeyedJaggedTensor":
         """Build and ``sync()``: per-key lengths are read now (a device sync for device lengths)."""
         return KeyedJaggedTensor(
-            keys, values, weights, lengths=lengths, stride=stride, stride_per_key_per_rank=stride_per_key_per_rank
+            keys, values, weights, lengths=lengths, stride=stride, stride_per_key_per_rank=stride_per_key_per_rank,
+            inverse_indices=inverse_indices,
         ).sync()
 
     @staticmethod
@@ -235,17 +239,20 @@ class KeyedJaggedTensor:
         offsets: Tensor,
         weights: Tensor | None = None,
         stride: int | None = None,
-        stride_per_key_per_rank: Sequence[Sequence[int]] | None = None,
+        stride_per_key_per_rank: Sequence[Sequence[int]] | Tensor | None = None,
+        inverse_indices: tuple[list[str], Tensor] | None = None,
     ) -> "KeyedJaggedTensor":
         """Build and ``sync()`` from offsets (a device sync for device offsets)."""
         return KeyedJaggedTensor(
-            keys, values, weights, offsets=offsets, stride=stride, stride_per_key_per_rank=stride_per_key_per_rank
+            keys, values, weights, offsets=offsets, stride=stride, stride_per_key_per_rank=stride_per_key_per_rank,
+            inverse_indices=inverse_indices,
         ).sync()
 
     @staticmethod
-    def from_jt_dict(jt_dict: Mapping[str, JaggedTensor]) -> "KeyedJaggedTensor":
+    def from_jt_dict(jt_dict: Mapping[str, JaggedTensor], force_variable_stride: bool = False) -> "KeyedJaggedTensor":
         """Concatenate one JaggedTensor per key (in dict order). JaggedTensors of different
-        batch sizes give a variable stride per key. Weighted only if every one is."""
+        batch sizes give a variable stride per key (always, with ``force_variable_stride``).
+        Weighted only if every one is. Host metadata of the JaggedTensors is reused."""
         what = "KeyedJaggedTensor.from_jt_dict"
         keys = list(jt_dict)
         jts = [jt_dict[k] for k in keys]
@@ -254,19 +261,26 @@ class KeyedJaggedTensor:
         weighted = [jt.weights_or_none() is not None for jt in jts]
         if any(weighted) and not all(weighted):
             raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
-        values = torch.cat([jt.values() for jt in jts])
-        weights = torch.cat([jt.weights() for jt in jts]) if all(weighted) else None
-        lengths = torch.cat([jt.lengths() for jt in jts])
-        strides = [jt.batch_size() for jt in jts]
         hos = [jt._host_offsets for jt in jts]
-        lpk = [int(h[-1]) for h in hos] if all(h is not None for h in hos) else None  # type: ignore[index]
-        if len(set(strides)) <= 1:
-            kjt = KeyedJaggedTensor(keys, values, weights, lengths=lengths, stride=strides[0], length_per_key=lpk)
-        else:
-            kjt = KeyedJaggedTensor(
-                keys, values, weights, lengths=lengths, stride_per_key_per_rank=[[s] for s in strides],
-                length_per_key=lpk,
-            )
+        known = all(h is not None for h in hos)
+        ends = [int(h[-1]) for h in hos] if known else [None] * len(jts)  # type: ignore[index]
+        values = torch.cat([C.used(jt.values(), e) for jt, e in zip(jts, ends)])  # type: ignore[misc]
+        weights = torch.cat([C.used(jt.weights(), e) for jt, e in zip(jts, ends)]) if all(weighted) else None  # type: ignore[misc]
+        lengths = torch.cat([jt.lengths().reshape(-1) for jt in jts])
+        strides = [jt.batch_size() for jt in jts]
+        variable = force_variable_stride or len(set(strides)) > 1
+        spkpr = [[s] for s in strides] if variable else None
+        stride = max(strides) if variable else strides[0]
+        host = lpk = opk = None
+        if known:
+            lpk = ends
+            opk = C.cumsum_list(lpk)
+            host = _join_host_offsets(hos, opk)  # type: ignore[arg-type]
+        elif lengths.device.type == "cpu":
+            host = C.host_offsets(what, lengths, None, values.shape[0])
+        kjt = KeyedJaggedTensor._make(keys, values, weights, lengths, None, stride, spkpr, lpk, opk, host)
+        if not known and host is not None:
+            kjt.sync()
         kjt._jt_dict = dict(jt_dict)
         return kjt
 
@@ -288,23 +302,40 @@ class KeyedJaggedTensor:
         )
 
     @staticmethod
-    def empty_like(kjt: "KeyedJaggedTensor") -> "KeyedJaggedTensor":
-        """Same keys and strides, every bag empty (TorchRec leaves ``lengths`` empty here; padless
-        keeps the structure consistent: ``lengths`` are zeros)."""
+    def empty_like(kjt: "KeyedJaggedTensor", device: torch.device | str | None = None) -> "KeyedJaggedTensor":
+        """TorchRec's two meanings. Without ``device``: no keys and no values, keeping only the
+        batch size (``stride()``, or ``stride_per_key_per_rank()`` of a variable-batch KJT) and
+        the dtypes. With ``device``: the same keys and strides with uninitialised tensors of
+        ``kjt``'s shapes on ``device`` (host metadata kept)."""
         w = kjt.weights_or_none()
-        n = sum(kjt.stride_per_key())
-        lengths = torch.zeros(n, dtype=kjt.lengths().dtype, device=kjt.device())
+        spkpr = kjt._stride_per_key_per_rank
+        if device is None:
+            dev = kjt.device()
+            return KeyedJaggedTensor._make(
+                [],
+                torch.empty(0, dtype=kjt.values().dtype, device=dev),
+                None if w is None else torch.empty(0, dtype=w.dtype, device=dev),
+                torch.empty(0, dtype=kjt.lengths().dtype, device=dev),
+                None,
+                0 if spkpr is not None else kjt.stride(),
+                spkpr,
+                [],
+                [0],
+                torch.zeros(1, dtype=torch.int64),
+            )
+        inv = kjt._inverse_indices
         return KeyedJaggedTensor._make(
             list(kjt.keys()),
-            kjt.values().new_empty((0, *kjt.values().shape[1:])),
-            None if w is None else w.new_empty((0, *w.shape[1:])),
-            lengths,
-            None,
+            torch.empty_like(kjt.values(), device=device),
+            None if w is None else torch.empty_like(w, device=device),
+            None if kjt._lengths is None else torch.empty_like(kjt._lengths, device=device),
+            None if kjt._offsets is None else torch.empty_like(kjt._offsets, device=device),
             kjt._stride,
-            kjt._stride_per_key_per_rank,
-            [0] * len(kjt.keys()),
-            [0] * (len(kjt.keys()) + 1),
-            torch.zeros(n + 1, dtype=torch.int64),
+            spkpr,
+            kjt._length_per_key,
+            kjt._offset_per_key,
+            kjt._host_offsets,
+            None if inv is None else (inv[0], torch.empty_like(inv[1], device=device)),
         )
 
     @staticmethod
@@ -319,22 +350,28 @@ class KeyedJaggedTensor:
         if any(weighted) and not all(weighted):
             raise ValueError(f"{what}: cannot mix weighted and unweighted KeyedJaggedTensors (weighted: {weighted})")
         keys = [key for k in kjt_list for key in k.keys()]
-        values = torch.cat([k.values() for k in kjt_list])
-        weights = torch.cat([k.weights() for k in kjt_list]) if all(weighted) else None
-        lengths = torch.cat([k.lengths() for k in kjt_list])
+        hos = [k._host_offsets for k in kjt_list]
+        known = all(h is not None for h in hos)
+        ends = [int(h[-1]) for h in hos] if known else [None] * len(kjt_list)  # type: ignore[index]
+        values = torch.cat([C.used(k.values(), e) for k, e in zip(kjt_list, ends)])  # type: ignore[misc]
+        weights = torch.cat([C.used(k.weights(), e) for k, e in zip(kjt_list, ends)]) if all(weighted) else None  # type: ignore[misc]
+        lengths = torch.cat([k.lengths().reshape(-1) for k in kjt_list])
         keyed = [k for k in kjt_list if k.keys()]  # a KJT without keys has no batch size to agree on
         variable = any(k.variable_stride_per_key() for k in keyed) or len({k.stride() for k in keyed}) > 1
         lpks = [k.length_per_key_or_none() for k in kjt_list]
         lpk = [x for l in lpks for x in l] if all(l is not None for l in lpks) else None  # type: ignore[union-attr]
-        hos = [k._host_offsets for k in kjt_list]
         host = None
-        if all(h is not None for h in hos):
-            host = C.offsets_from_lengths(torch.cat([C.lengths_from_offsets(h) for h in hos]))  # type: ignore[arg-type]
-        spkpr = [r for k in kjt_list for r in k.stride_per_key_per_rank()] if variable else None
+        if known:
+            host = _join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
+        spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
+        invs = [k._inverse_indices for k in kjt_list]
+        inv = None
+        if all(i is not None for i in invs):
+            inv = ([x for i in invs for x in i[0]], torch.cat([i[1] for i in invs]))  # type: ignore[index]
         return KeyedJaggedTensor._make(
             keys, values, weights, lengths, None,
-            max((sum(r) for r in spkpr), default=0) if spkpr is not None else (keyed or kjt_list)[0].stride(),
-            spkpr, lpk, None if lpk is None else C.cumsum_list(lpk), host,
+            _vbe_stride(spkpr, inv) if spkpr is not None else (keyed or kjt_list)[0].stride(),
+            spkpr, lpk, None if lpk is None else C.cumsum_list(lpk), host, inv,
         )
 
     # ------------------------------------------------------------------ accessors
@@ -356,7 +393,11 @@ class KeyedJaggedTensor:
     def lengths(self) -> Tensor:
         """Bag lengths, key-major ``(sum(stride_per_key()),)``; derived on device and cached."""
         if self._lengths is None:
-            self._lengths = C.lengths_from_offsets(self._offsets)  # type: ignore[arg-type]
+            off = self._offsets
+            if off is None:  # built with neither: no bags
+                self._lengths = torch.empty(0, dtype=torch.int32, device=self._values.device)
+            else:
+                self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
         return self._lengths
 
     def lengths_or_none(self) -> Tensor | None:
@@ -364,7 +405,7 @@ class KeyedJaggedTensor:
 
     def offsets(self) -> Tensor:
         if self._offsets is None:
-            self._offsets = C.offsets_from_lengths(self._lengths)  # type: ignore[arg-type]
+            self._offsets = C.offsets_from_lengths(self.lengths())
         return self._offsets
 
     def offsets_or_none(self) -> Tensor | None:
@@ -374,21 +415,42 @@ class KeyedJaggedTensor:
         return self._values.device
 
     def stride(self) -> int:
-        """Batch size (the largest per-key batch under a variable stride)."""
+        """Batch size: for a variable batch per key, the width of the inverse indices when
+        given, else the largest per-key batch."""
         return self._stride
 
     def stride_per_key(self) -> list[int]:
+        """Bags per key (a key past a short ``stride_per_key_per_rank`` has none)."""
         if self._stride_per_key_per_rank is None:
             return [self._stride] * len(self._keys)
-        return [sum(r) for r in self._stride_per_key_per_rank]
+        out = [sum(r) for r in self._stride_per_key_per_rank]
+        return out + [0] * (len(self._keys) - len(out))
 
     def stride_per_key_per_rank(self) -> list[list[int]]:
+        """Bags per key per rank of a variable-batch KJT; ``[]`` otherwise (as in TorchRec)."""
+        if self._stride_per_key_per_rank is None:
+            return []
+        return self._stride_per_key_per_rank
+
+    def _per_key_ranks(self) -> list[list[int]]:
+        """Per key, its bags per rank (``[[stride]]`` per key for a fixed batch)."""
         if self._stride_per_key_per_rank is None:
             return [[self._stride] for _ in self._keys]
-        return self._stride_per_key_per_rank
+        r = self._stride_per_key_per_rank
+        return r + [[0] for _ in range(len(self._keys) - len(r))]
 
     def variable_stride_per_key(self) -> bool:
         return self._stride_per_key_per_rank is not None
+
+    def inverse_indices(self) -> tuple[list[str], Tensor]:
+        """``(keys, (len(keys), stride()) indices)``: for each sample of the full batch, which bag
+        of a variable-batch KJT it uses; raises when the KJT has none."""
+        if self._inverse_indices is None:
+            raise ValueError(
+                "KeyedJaggedTensor.inverse_indices(): this KeyedJaggedTensor has no inverse indices; "
+                "pass inverse_indices= when building it, or use inverse_indices_or_none()"
+            )
+        return self._inverse_indices
 
     def inverse_indices_or_none(self) -> tuple[list[str], Tensor] | None:
         return self._inverse_indices
@@ -428,8 +490,17 @@ class KeyedJaggedTensor:
 
     def sync(self) -> "KeyedJaggedTensor":
         """Compute ``length_per_key``/``offset_per_key`` now (one device sync when the lengths
-        live only on a device); returns self."""
+        live only on a device); returns self. On the meta device, where nothing can be read,
+        the values are split evenly over the keys (the first key takes the remainder), as
+        TorchRec does."""
         if self._length_per_key is None or self._offset_per_key is None:
+            if self._host_offsets is None and self._values.is_meta:
+                n, k = self._values.shape[0], len(self._keys)
+                lpk = [n // k] * k if k else []
+                if lpk:
+                    lpk[0] += n % k
+                self._length_per_key, self._offset_per_key = lpk, C.cumsum_list(lpk)
+                return self
             opk = self.host_offsets()[self.lengths_offset_per_key()].tolist()
             self._offset_per_key = opk
             self._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
@@ -441,6 +512,20 @@ class KeyedJaggedTensor:
         self._offset_per_key = None
         return self
 
+    def size_in_bytes(self) -> int:
+        """Bytes held by values, weights, lengths and offsets (those present), plus the int32
+        per-key-per-rank strides of a variable-batch KJT, as TorchRec counts them."""
+        n = C.nbytes(self._values, self._weights, self._lengths, self._offsets)
+        if self._stride_per_key_per_rank is not None:
+            n += 4 * sum(len(r) for r in self._stride_per_key_per_rank)
+        return n
+
+    def clear_storage(self) -> int:
+        """Free the storage of values, lengths, offsets and weights now (``untyped_storage()
+        .resize_(0)``, as TorchRec does to give device memory back early); returns the bytes
+        freed. The KJT must not be read afterwards; views sharing that storage lose it too."""
+        return sum(C.free(t) for t in (self._values, self._lengths, self._offsets, self._weights))
+
     # ------------------------------------------------------------------ per key
 
     def __getitem__(self, key: str) -> JaggedTensor:
@@ -448,8 +533,9 @@ class KeyedJaggedTensor:
         idx = self.index_per_key().get(key)
         if idx is None:
             raise KeyError(f"KeyedJaggedTensor: no key {key!r}; keys are {self._keys}")
-        opk = self.offset_per_key()
-        lop = self.lengths_offset_per_key()
+        return self._key_jt(idx, self.offset_per_key(), self.lengths_offset_per_key(), None)
+
+    def _key_jt(self, idx: int, opk: list[int], lop: list[int], offsets: Tensor | None) -> JaggedTensor:
         s, e = opk[idx], opk[idx + 1]
         w = self._weights
         host = None
@@ -459,54 +545,97 @@ class KeyedJaggedTensor:
             self._values[s:e],
             None if w is None else w[s:e],
             self.lengths()[lop[idx] : lop[idx + 1]],
-            None,
+            offsets,
             host,
         )
 
-    def to_dict(self) -> dict[str, JaggedTensor]:
-        """``{key: JaggedTensor}`` in key order (cached)."""
+    def to_dict(self, compute_offsets: bool = True) -> dict[str, JaggedTensor]:
+        """``{key: JaggedTensor}`` in key order (cached). Each JaggedTensor views this KJT's
+        values and lengths; with ``compute_offsets`` (the default, as in TorchRec) its offsets
+        are computed too, in one batched op for all keys; without, ``offsets_or_none()`` is None."""
         if self._jt_dict is None:
-            self._jt_dict = {k: self[k] for k in self._keys}
+            keys = self._keys
+            if not keys:
+                self._jt_dict = {}
+                return self._jt_dict
+            lpk = self.length_per_key()
+            opk = self.offset_per_key()
+            spk = self.stride_per_key()
+            lop = C.cumsum_list(spk)
+            end = opk[-1]
+            vals = torch.split(C.used(self._values, end), lpk)  # type: ignore[arg-type]
+            w = self._weights
+            ws = torch.split(C.used(w, end), lpk) if w is not None else [None] * len(keys)  # type: ignore[arg-type]
+            lengths = self.lengths().reshape(-1)
+            lens = torch.split(lengths, spk)
+            offs = self._offsets_per_key(lop) if compute_offsets else [None] * len(keys)
+            hos: list[Tensor | None] = [None] * len(keys)
+            if self._host_offsets is not None:
+                h = self._host_offsets.numpy()
+                hos = [torch.from_numpy(h[lop[i] : lop[i + 1] + 1] - opk[i]) for i in range(len(keys))]
+            make = JaggedTensor._make
+            self._jt_dict = {k: make(vals[i], ws[i], lens[i], offs[i], hos[i]) for i, k in enumerate(keys)}
         return self._jt_dict
 
+    def _offsets_per_key(self, lop: list[int]) -> list[Tensor]:
+        """Every key's offsets (from 0), in the dtype of ``lengths()``: one op for a fixed batch."""
+        lengths = self.lengths().reshape(-1)
+        if self._stride_per_key_per_rank is None:
+            k, b = len(self._keys), self._stride
+            out = torch.zeros(k, b + 1, dtype=lengths.dtype, device=lengths.device)
+            if b:
+                torch.cumsum(lengths.view(k, b), 1, out=out[:, 1:])
+            return list(out.unbind(0))
+        return [C.offsets_from_lengths(lengths[lop[i] : lop[i + 1]]) for i in range(len(self._keys))]
+
     def permute(self, indices: Sequence[int], indices_tensor: Tensor | None = None) -> "KeyedJaggedTensor":
-        """Keys reordered (or repeated, or dropped) as ``[keys[i] for i in indices]``."""
+        """Keys reordered (or repeated, or dropped) as ``[keys[i] for i in indices]``; the
+        batch size (``stride()``) is the parent's, as in TorchRec."""
         what = "KeyedJaggedTensor.permute"
         n = len(self._keys)
         for i in indices:
             if not -n <= int(i) < n:
                 raise IndexError(f"{what}: index {i} is out of range for {n} keys {self._keys}")
         idx = [int(i) % n for i in indices]
+        lpk0 = self.length_per_key()
         opk = self.offset_per_key()
-        lop = self.lengths_offset_per_key()
-        spkpr = self.stride_per_key_per_rank()
+        spk = self.stride_per_key()
+        lop = C.cumsum_list(spk)
+        end = opk[-1]
 
-        def gather(t: Tensor, bounds: list[int]) -> Tensor:
-            parts = [t[bounds[i] : bounds[i + 1]] for i in idx]
-            return torch.cat(parts) if parts else t[:0]
+        def gather(t: Tensor, sizes: list[int]) -> Tensor:
+            parts = torch.split(t, sizes)  # one op: a view per key
+            return torch.cat([parts[i] for i in idx]) if idx else t[:0]
 
-        lengths = gather(self.lengths(), lop)
+        lengths = gather(self.lengths().reshape(-1), spk)
         host = None
         if self._host_offsets is not None:
-            host = C.offsets_from_lengths(gather(C.lengths_from_offsets(self._host_offsets), lop))
+            hl = np.diff(self._host_offsets.numpy())
+            sel = np.concatenate([hl[lop[i] : lop[i + 1]] for i in idx]) if idx else hl[:0]
+            h = np.empty(sel.size + 1, np.int64)
+            h[0] = 0
+            np.cumsum(sel, out=h[1:])
+            host = torch.from_numpy(h)
         lpk = [opk[i + 1] - opk[i] for i in idx]
-        variable = self.variable_stride_per_key()
-        new_spkpr = [spkpr[i] for i in idx] if variable else None
+        spkpr = self._per_key_ranks()
+        new_spkpr = [spkpr[i] for i in idx] if self.variable_stride_per_key() else None
         return KeyedJaggedTensor._make(
             [self._keys[i] for i in idx],
-            gather(self._values, opk),
-            None if self._weights is None else gather(self._weights, opk),
+            gather(C.used(self._values, end), lpk0),  # type: ignore[arg-type]
+            None if self._weights is None else gather(C.used(self._weights, end), lpk0),  # type: ignore[arg-type]
             lengths,
             None,
-            max((sum(r) for r in new_spkpr), default=0) if new_spkpr is not None else self._stride,
+            self._stride,
             new_spkpr,
             lpk,
             C.cumsum_list(lpk),
             host,
+            self._inverse_indices,
         )
 
     def split(self, segments: Sequence[int]) -> list["KeyedJaggedTensor"]:
-        """Consecutive groups of ``segments[j]`` keys each (views, no copy)."""
+        """Consecutive groups of ``segments[j]`` keys each (views, no copy); every part keeps
+        the parent's batch size (``stride()``), as in TorchRec."""
         if sum(segments) != len(self._keys) or any(s < 0 for s in segments):
             raise ValueError(
                 f"KeyedJaggedTensor.split: segments {list(segments)} must be >= 0 and sum to the "
@@ -514,7 +643,9 @@ class KeyedJaggedTensor:
             )
         opk = self.offset_per_key()
         lop = self.lengths_offset_per_key()
-        spkpr = self.stride_per_key_per_rank()
+        variable = self.variable_stride_per_key()
+        spkpr = self._per_key_ranks()
+        lengths = self.lengths().reshape(-1)
         out = []
         start = 0
         for seg in segments:
@@ -522,17 +653,15 @@ class KeyedJaggedTensor:
             s, e = opk[start], opk[end]
             ls, le = lop[start], lop[end]
             host = None if self._host_offsets is None else self._host_offsets[ls : le + 1] - s
-            variable = self.variable_stride_per_key()
-            sub = spkpr[start:end] if variable else None
             out.append(
                 KeyedJaggedTensor._make(
                     self._keys[start:end],
                     self._values[s:e],
                     None if self._weights is None else self._weights[s:e],
-                    self.lengths()[ls:le],
+                    lengths[ls:le],
                     None,
-                    max((sum(r) for r in sub), default=0) if sub is not None else self._stride,
-                    sub,
+                    self._stride,
+                    spkpr[start:end] if variable else None,
                     self._length_per_key[start:end] if self._length_per_key is not None else None,
                     [o - s for o in opk[start : end + 1]],
                     host,
@@ -544,6 +673,7 @@ class KeyedJaggedTensor:
     # ------------------------------------------------------------------ moves
 
     def _with(self, f: Callable[[Tensor | None], Tensor | None]) -> "KeyedJaggedTensor":
+        inv = self._inverse_indices
         return KeyedJaggedTensor._make(
             self._keys,
             f(self._values),  # type: ignore[arg-type]
@@ -555,6 +685,7 @@ class KeyedJaggedTensor:
             self._length_per_key,
             self._offset_per_key,
             self._host_offsets,
+            None if inv is None else (inv[0], f(inv[1])),  # type: ignore[arg-type]
         )
 
     def to(
@@ -587,6 +718,22 @@ class KeyedJaggedTensor:
 
         return kjt_from_torchrec(kjt)
 
+    def __str__(self) -> str:
+        """Every key's bags (and weights), printed as TorchRec prints them (reads host offsets)."""
+        if not self._keys or (self._lengths is None and self._offsets is None):
+            return "KeyedJaggedTensor()\n"
+        ho = self.host_offsets().tolist()
+        lop = self.lengths_offset_per_key()
+        parts = []
+        for i, k in enumerate(self._keys):
+            v = C.jagged_string(self._values, ho, lop[i], lop[i + 1])
+            if self._weights is None:
+                parts.append(f'    "{k}": {v}')
+            else:
+                w = C.jagged_string(self._weights, ho, lop[i], lop[i + 1])
+                parts.append(f'    "{k}": {{\n        "values": {v},\n        "weights": {w}\n    }}')
+        return "KeyedJaggedTensor({\n" + ",\n".join(parts) + "\n})\n"
+
     def __repr__(self) -> str:
         w = "" if self._weights is None else ", weighted"
         return (
@@ -594,3 +741,72 @@ class KeyedJaggedTensor:
             f"length_per_key={self._length_per_key}, values={tuple(self._values.shape)}, "
             f"dtype={self._values.dtype}, device={self.device()}{w})"
         )
+
+
+def _spkpr_list(spkpr: Sequence[Sequence[int]] | Tensor | None) -> list[list[int]] | None:
+    """Per-key-per-rank strides as lists (TorchRec also passes an int tensor ``(keys, ranks)``)."""
+    if spkpr is None:
+        return None
+    if isinstance(spkpr, Tensor):
+        return [[int(s) for s in r] for r in spkpr.tolist()] if spkpr.dim() == 2 else []
+    return [[int(s) for s in r] for r in spkpr]
+
+
+def _vbe_stride(spkpr: list[list[int]], inverse_indices: tuple[list[str], Tensor] | None) -> int:
+    """A variable-batch KJT's batch size: the inverse indices' width when given (the full
+    batch each key's bags are gathered back to), else the largest per-key batch."""
+    if inverse_indices is not None and inverse_indices[1].numel() > 0:
+        return int(inverse_indices[1].shape[-1])
+    return max((sum(r) for r in spkpr), default=0)
+
+
+def _join_host_offsets(hos: Sequence[Tensor], starts: Sequence[int]) -> Tensor:
+    """One host offsets tensor from per-part host offsets, part i shifted by ``starts[i]``."""
+    parts = [np.zeros(1, np.int64)] + [h.numpy()[1:] + s for h, s in zip(hos, starts)]
+    return torch.from_numpy(np.concatenate(parts))
+
+
+def _kjt_flatten(kjt: KeyedJaggedTensor) -> tuple[list[Tensor | None], list[str]]:
+    spkpr = kjt._stride_per_key_per_rank
+    spkpr_t = None
+    if spkpr is not None:
+        width = max((len(r) for r in spkpr), default=0)  # ragged ranks pad with 0 (no bags)
+        spkpr_t = torch.tensor([r + [0] * (width - len(r)) for r in spkpr], dtype=torch.int32).reshape(len(spkpr), width)
+    inv = kjt._inverse_indices
+    return [kjt._values, kjt._weights, kjt._lengths, kjt._offsets, spkpr_t, None if inv is None else inv[1]], kjt._keys
+
+
+def _kjt_flatten_with_keys(kjt: KeyedJaggedTensor) -> tuple[list[tuple[Any, Tensor | None]], list[str]]:
+    from torch.utils._pytree import GetAttrKey
+
+    values, keys = _kjt_flatten(kjt)
+    return [(GetAttrKey(f), v) for f, v in zip(_KJT_FIELDS, values)], keys
+
+
+def _kjt_unflatten(values: list[Tensor | None], keys: list[str]) -> KeyedJaggedTensor:
+    values = list(values)
+    if len(values) > len(_KJT_FIELDS):
+        raise ValueError(
+            f"KeyedJaggedTensor: pytree unflatten got {len(values)} tensors, at most {len(_KJT_FIELDS)} "
+            f"({', '.join(_KJT_FIELDS)})"
+        )
+    values += [None] * (len(_KJT_FIELDS) - len(values))
+    v, w, lengths, offsets, spkpr, inv = values
+    return KeyedJaggedTensor(
+        keys, v, w, lengths, offsets,  # type: ignore[arg-type]
+        stride_per_key_per_rank=spkpr,
+        inverse_indices=None if inv is None else (list(keys), inv),
+    )
+
+
+_KJT_FIELDS = ("_values", "_weights", "_lengths", "_offsets", "_stride_per_key_per_rank", "_inverse_indices")
+# a pytree node with TorchRec's flattening (tensors as children, keys as context), so
+# tree_map, torch.export and DataLoader pinning reach its tensors
+torch.utils._pytree.register_pytree_node(
+    KeyedJaggedTensor,
+    _kjt_flatten,
+    _kjt_unflatten,
+    flatten_with_keys_fn=_kjt_flatten_with_keys,
+    serialized_type_name="padless.jagged.KeyedJaggedTensor",
+)
+register_pytree_flatten_spec(KeyedJaggedTensor, lambda x, spec: _kjt_flatten(x)[0])

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import torch
+import torch.utils._pytree
 from torch import Tensor
+from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
 
@@ -45,10 +47,12 @@ class KeyedTensor:
             raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
         if len(lpk) != len(keys):
             raise ValueError(f"{what}: keys and length_per_key disagree: {len(keys)} keys, length_per_key {lpk}")
-        if not -values.dim() <= key_dim < values.dim():
+        if not keys and values.numel() == 0 and values.dim() <= key_dim:
+            key_dim = values.dim()  # no keys, no values (TorchRec's ``KeyedTensor([], [], torch.Tensor())``)
+        elif not -values.dim() <= key_dim < values.dim():
             raise ValueError(f"{what}: key_dim {key_dim} is out of range for values of shape {tuple(values.shape)}")
-        key_dim %= values.dim()
-        if sum(lpk) != values.shape[key_dim]:
+        key_dim %= max(values.dim(), key_dim + 1)
+        if keys and sum(lpk) != values.shape[key_dim]:
             raise ValueError(
                 f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {values.shape[key_dim]} "
                 f"entries along key_dim {key_dim}"
@@ -170,8 +174,44 @@ class KeyedTensor:
 
         return kt_from_torchrec(kt)
 
+    def size_in_bytes(self) -> int:
+        """Bytes held by the values (as TorchRec counts them)."""
+        return C.nbytes(self._values)
+
+    def __str__(self) -> str:
+        """Every key's block, one list per sample, printed as TorchRec prints them."""
+        if not self._keys:
+            return "KeyedTensor()\n"
+        parts = [f'    "{k}": ' + C.values_string(self[k], 0, self[k].shape[0]) for k in self._keys]
+        return "KeyedTensor({\n" + ",\n".join(parts) + "\n})\n"
+
     def __repr__(self) -> str:
         return (
             f"KeyedTensor(keys={self._keys}, length_per_key={self._length_per_key}, key_dim={self._key_dim}, "
             f"values={tuple(self._values.shape)}, dtype={self._values.dtype}, device={self.device()})"
         )
+
+
+def _kt_flatten(kt: KeyedTensor) -> tuple[list[Tensor], tuple[list[str], list[int], int]]:
+    return [kt._values], (kt._keys, kt._length_per_key, kt._key_dim)
+
+
+def _kt_unflatten(values: list[Tensor], context: tuple[list[str], list[int], int]) -> KeyedTensor:
+    keys, lpk, key_dim = context
+    return KeyedTensor(keys, lpk, values[0], key_dim=key_dim)
+
+
+def _kt_flatten_spec(kt: KeyedTensor, spec: Any) -> list[Tensor]:
+    """Values in the key order the spec was made with (an exported program's KeyedTensor
+    input may arrive with its keys in another order)."""
+    keys = spec.context[0]
+    if kt.keys() == list(keys):
+        return [kt.values()]
+    return KeyedTensor.regroup([kt], [keys])
+
+
+# a pytree node (values as the child; keys, widths and key dim as context), as TorchRec registers it
+torch.utils._pytree.register_pytree_node(
+    KeyedTensor, _kt_flatten, _kt_unflatten, serialized_type_name="padless.jagged.KeyedTensor"
+)
+register_pytree_flatten_spec(KeyedTensor, _kt_flatten_spec)

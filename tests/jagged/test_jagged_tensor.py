@@ -37,7 +37,7 @@ def test_static_dims_and_padding():
 def test_empty():
     e = JaggedTensor.empty(is_weighted=True, values_dtype=torch.int64)
     assert e.values().numel() == 0 and e.weights().numel() == 0
-    assert e.lengths().tolist() == [] and e.offsets().tolist() == [0]
+    assert e.lengths().tolist() == [] and e.offsets().tolist() == []  # TorchRec's empty offsets
     assert e.to_dense() == [] and e.to_padded_dense().shape == (0, 0)
     assert e.lengths().dtype == torch.int32
 
@@ -82,13 +82,13 @@ def test_to_keeps_host_offsets_so_nothing_syncs():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(values=torch.arange(5.0), lengths=torch.tensor([2, 2])), "lengths sum to 4 but values has 5 rows"),
+        (dict(values=torch.arange(3.0), lengths=torch.tensor([2, 2])), "the lengths cover 4 rows but values has only 3"),
         (dict(values=torch.arange(4.0), lengths=torch.tensor([5, -1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
         (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 3, 2, 4])), r"offsets must not decrease, but offsets\[1\] = 3 > offsets\[2\] = 2"),
         (dict(values=torch.arange(4.0), offsets=torch.tensor([1, 2, 4])), r"offsets must start at 0, got offsets\[0\] = 1"),
-        (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 2, 3])), "offsets end at 3 but values has 4 rows"),
-        (dict(values=torch.arange(4.0), offsets=torch.tensor([], dtype=torch.int64)), "offsets must hold at least one entry"),
-        (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), r"weights must have the shape of values, got weights \(3,\) and values \(4,\)"),
+        (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 2, 5])), "the lengths cover 5 rows but values has only 4"),
+        (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), r"weights must have the shape of values or one weight per row, got weights \(3,\) and values \(4,\)"),
+        (dict(values=torch.arange(4.0), lengths=torch.ones(2, 2, dtype=torch.int64)), r"lengths must be 1-D, got shape \(2, 2\)"),
         (dict(values=torch.arange(4.0)), "pass lengths= or offsets="),
         (dict(values=torch.arange(4.0), lengths=torch.tensor([2.0, 2.0])), "lengths must be an integer tensor"),
         (dict(values=torch.arange(4.0), lengths=torch.tensor([2, 2]), offsets=torch.tensor([0, 1, 4])), "lengths and offsets disagree"),

@@ -92,7 +92,7 @@ def test_variable_stride_per_key():
     )
     assert kjt.variable_stride_per_key()
     assert kjt.stride_per_key() == [2, 3] and kjt.stride() == 3
-    assert kjt.stride_per_key_per_rank() == [[2], [1, 2]]
+    assert kjt.stride_per_key_per_rank() == [[2], [1, 2]] and _kjt().stride_per_key_per_rank() == []
     assert kjt.length_per_key() == [3, 3]
     assert _dense(kjt) == {"x": [[0], [1, 2]], "y": [[], [3, 4], [5]]}
     p = kjt.permute([1, 0])
@@ -102,18 +102,20 @@ def test_variable_stride_per_key():
     c = KeyedJaggedTensor.concat([kjt, _kjt(False)])  # mixed strides: the result has a variable stride
     assert c.stride_per_key() == [2, 3, 3, 3, 3] and c.keys() == ["x", "y", "a", "b", "c"]
     assert _dense(c)["b"] == B
-    e = KeyedJaggedTensor.empty_like(kjt)
-    assert e.stride_per_key() == [2, 3] and e.lengths().tolist() == [0] * 5 and e.length_per_key() == [0, 0]
+    e = KeyedJaggedTensor.empty_like(kjt)  # TorchRec: no keys, the per-key-per-rank strides kept
+    assert e.keys() == [] and e.stride_per_key_per_rank() == [[2], [1, 2]] and e.values().numel() == 0
 
 
 def test_empty_and_empty_like():
     e = KeyedJaggedTensor.empty(is_weighted=True)
     assert e.keys() == [] and e.stride() == 0 and e.values().numel() == 0 and e.weights().numel() == 0
     assert e.length_per_key() == [] and e.offset_per_key() == [0] and e.to_dict() == {}
-    el = KeyedJaggedTensor.empty_like(_kjt())
-    assert el.keys() == ["a", "b", "c"] and el.stride() == 3
-    assert _dense(el) == {"a": [[], [], []], "b": [[], [], []], "c": [[], [], []]}
-    assert el.weights().numel() == 0
+    el = KeyedJaggedTensor.empty_like(_kjt())  # TorchRec: no keys, the batch size kept
+    assert el.keys() == [] and el.stride() == 3 and el.to_dict() == {}
+    assert el.weights().numel() == 0 and el.values().dtype == torch.int64
+    dl = KeyedJaggedTensor.empty_like(_kjt(), device="meta")  # same keys and shapes, new storage
+    assert dl.keys() == ["a", "b", "c"] and dl.values().shape == (9,) and dl.device().type == "meta"
+    assert dl.length_per_key() == [3, 5, 1]
 
 
 def test_from_sync_constructors():
@@ -138,8 +140,9 @@ def test_device_built_without_host_metadata_syncs_only_on_request():
     # built from a device's tensors (meta here): nothing is known on the host until sync()
     kjt = KeyedJaggedTensor(["a", "b"], torch.empty(3, device="meta"), lengths=torch.empty(4, dtype=torch.int64, device="meta"))
     assert kjt.length_per_key_or_none() is None and kjt.stride() == 2
-    with pytest.raises(NotImplementedError):  # the one place a device read happens: sync()
-        kjt.length_per_key()
+    # meta data cannot be read: sync() splits the values evenly over the keys, as TorchRec does
+    assert kjt.sync().length_per_key() == [2, 1] and kjt.offset_per_key() == [0, 2, 3]
+    assert {k: j.values().shape[0] for k, j in kjt.to_dict().items()} == {"a": 2, "b": 1}
 
 
 @pytest.mark.parametrize(
@@ -147,18 +150,19 @@ def test_device_built_without_host_metadata_syncs_only_on_request():
     [
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1])), r"keys and lengths disagree: 3 lengths cannot be split evenly over 2 keys"),
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1]), stride=2), r"keys and lengths disagree: 1 keys x stride 2 = 2 lengths expected, got 3"),
-        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 1])), "lengths sum to 2 but values has 3 rows"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 3])), "the lengths cover 4 rows but values has only 3"),
         (dict(keys=["a", "b"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), r"offsets must not decrease, but offsets\[1\] = 2 > offsets\[2\] = 1"),
-        (dict(keys=["a"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([3])), r"weights must have the shape of values, got weights \(2,\) and values \(3,\)"),
+        (dict(keys=["a"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([3])), r"weights must have the shape of values or one weight per row, got weights \(2,\) and values \(3,\)"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[3]), r"keys and length_per_key disagree: 2 keys, 1 lengths \[3\]"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 1]), r"length_per_key \[2, 1\] disagrees with lengths \(which give \[1, 2\]\)"),
-        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1]]), "stride_per_key_per_rank has 1 entries but there are 2 keys"),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [1]]), "stride_per_key_per_rank has 2 entries but there are only 1 keys"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1]]), r"stride_per_key_per_rank \[\[1\]\] needs 1 lengths, got 2"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [2]]), r"keys and lengths disagree: stride_per_key_per_rank \[\[1\], \[2\]\] needs 3 lengths, got 2"),
-        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), stride=1, stride_per_key_per_rank=[[1]]), "not both"),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), stride_per_key=[2]), r"stride_per_key \[2\] disagrees with the strides \[1\]"),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), lengths_offset_per_key=[0, 2]), r"lengths_offset_per_key \[0, 2\] disagrees with the strides \(which give \[0, 1\]\)"),
         (dict(keys=[], values=torch.arange(3), lengths=torch.tensor([3])), "keys and lengths disagree: no keys but 1 lengths"),
         (dict(keys=[1], values=torch.arange(3), lengths=torch.tensor([3])), "keys must be strings"),
-        (dict(keys=["a"], values=torch.arange(3)), "pass lengths= or offsets="),
-        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), offset_per_key=[0, 2]), r"offset_per_key must have len\(keys\) \+ 1 = 2 entries from 0 to 3"),
+        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), offset_per_key=[0, 4]), r"offset_per_key must have len\(keys\) \+ 1 = 2 entries from 0 to at most 3"),
     ],
 )
 def test_validation_errors(kwargs, match):

@@ -1,0 +1,121 @@
+"""Side by side with real TorchRec (skipped where torchrec is not installed).
+
+Each case runs the same calls on TorchRec's classes and on padless' and compares what a
+user reads back. Run it in an environment with ``torchrec`` and ``fbgemm-gpu-cpu``
+(see ``benchmarks/torchrec_suite.py`` for TorchRec's own tests through a shim).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+
+import pytest
+import torch
+import torch.utils._pytree as pytree
+
+import padless.jagged as pj
+from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchrec") is None, reason="torchrec is not installed")
+
+
+@pytest.fixture(scope="module")
+def trj():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import torchrec.sparse.jagged_tensor as m
+    return m
+
+
+def _read(x):
+    """What a user reads back, as plain python (tensors to lists)."""
+    if isinstance(x, torch.Tensor):
+        return ("tensor", x.tolist())
+    if isinstance(x, (list, tuple)):
+        return [_read(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _read(v) for k, v in x.items()}
+    return x
+
+
+def _jt_state(j):
+    return _read([j.values(), j.weights_or_none(), j.lengths(), j.offsets(), [t for t in j.to_dense()]])
+
+
+def _kjt_state(k):
+    return _read([
+        k.keys(), k.values(), k.weights_or_none(), k.lengths(), k.stride(), k.stride_per_key(),
+        k.length_per_key(), k.offset_per_key(), {n: _jt_state(j) for n, j in k.to_dict().items()},
+    ])
+
+
+CASES = {
+    "vbe": lambda m: m.KeyedJaggedTensor(["a", "b"], torch.arange(3), lengths=torch.tensor([1, 2, 0]), stride_per_key_per_rank=[[1], [2]]),
+    "vbe inverse": lambda m: m.KeyedJaggedTensor(
+        ["a", "b"], torch.arange(6), lengths=torch.tensor([3, 1, 2]), stride_per_key_per_rank=[[2], [1]],
+        inverse_indices=(["a", "b"], torch.tensor([[0, 1, 0], [0, 0, 0]])),
+    ),
+    "weighted 2-d rows": lambda m: m.KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(24.0).view(8, 3), torch.tensor([0, 2, 2, 3, 4, 5, 8]), weights=torch.arange(8.0)),
+    "empty": lambda m: m.KeyedJaggedTensor.empty(),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kjt_reads_the_same(trj, case):
+    assert _kjt_state(CASES[case](pj)) == _kjt_state(CASES[case](trj))
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "empty"])
+def test_kjt_methods_agree(trj, case):
+    ours, theirs = CASES[case](pj), CASES[case](trj)
+    assert ours.size_in_bytes() == theirs.size_in_bytes()  # before str(): TorchRec's str caches offsets
+    assert str(ours) == str(theirs)
+    assert [p.stride() for p in ours.split([1, 1])] == [p.stride() for p in theirs.split([1, 1])]
+    assert ours.permute([1, 0]).stride() == theirs.permute([1, 0]).stride()
+    el, et = KeyedJaggedTensor.empty_like(ours), trj.KeyedJaggedTensor.empty_like(theirs)
+    assert (el.keys(), el.stride(), el.stride_per_key_per_rank()) == (et.keys(), et.stride(), et.stride_per_key_per_rank())
+    assert [j.offsets_or_none() for j in ours.to_dict(compute_offsets=False).values()] == [None, None]
+    fo, ft = KeyedJaggedTensor.from_jt_dict(ours.to_dict(), force_variable_stride=True), trj.KeyedJaggedTensor.from_jt_dict(theirs.to_dict(), force_variable_stride=True)
+    assert (fo.stride_per_key_per_rank(), fo.stride()) == (ft.stride_per_key_per_rank(), ft.stride())
+    lo, lt = pytree.tree_flatten(CASES[case](pj))[0], pytree.tree_flatten(CASES[case](trj))[0]  # fresh: nothing cached
+    assert len(lo) == len(lt) and [x is None for x in lo] == [x is None for x in lt]
+
+
+def test_values_longer_than_lengths(trj):
+    ours = KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.arange(5), torch.tensor([1, 1, 0, 1]))
+    theirs = trj.KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.arange(5), torch.tensor([1, 1, 0, 1]))
+    assert ours.length_per_key() == theirs.length_per_key() and ours.offset_per_key() == theirs.offset_per_key()
+    assert _read(ours["b"].values()) == _read(theirs["b"].values())  # TorchRec's to_dict() refuses the tail
+
+
+def test_jagged_tensor_reads_the_same(trj):
+    for make in (
+        lambda J: J(torch.arange(5.0), lengths=torch.tensor([1, 2])),
+        lambda J: J(torch.ones(3, 2), torch.tensor([1.0, 2, 3]), lengths=torch.tensor([1, 2])),
+        lambda J: J.empty(),
+    ):
+        ours, theirs = make(JaggedTensor), make(trj.JaggedTensor)
+        assert _read([ours.values(), ours.lengths(), ours.offsets()]) == _read([theirs.values(), theirs.lengths(), theirs.offsets()])
+        assert ours.size_in_bytes() == theirs.size_in_bytes() and str(ours) == str(theirs)
+        if len(ours):
+            assert _read(ours.to_padded_dense()) == _read(theirs.to_padded_dense())
+            assert _read(ours.to_padded_dense(1, -1.0)) == _read(theirs.to_padded_dense(1, -1.0))
+            if ours.weights_or_none() is not None:
+                assert _read(ours.to_padded_dense_weights()) == _read(theirs.to_padded_dense_weights())
+
+
+def test_keyed_tensor_reads_the_same(trj):
+    ours = KeyedTensor(["a", "b"], [1, 2], torch.arange(6.0).view(2, 3))
+    theirs = trj.KeyedTensor(["a", "b"], [1, 2], torch.arange(6.0).view(2, 3))
+    assert str(ours) == str(theirs) and ours.size_in_bytes() == theirs.size_in_bytes()
+    assert str(KeyedTensor([], [], torch.Tensor())) == str(trj.KeyedTensor([], [], torch.Tensor()))
+    assert _read(pytree.tree_flatten(ours)[0]) == _read(pytree.tree_flatten(theirs)[0])
+
+
+def test_round_trip_with_torchrec_objects(trj):
+    k = CASES["vbe"](pj)
+    back = KeyedJaggedTensor.from_torchrec(k.to_torchrec())
+    assert _kjt_state(back) == _kjt_state(k)
+    kt = KeyedTensor(["a", "b"], [1, 2], torch.arange(6.0).view(2, 3))
+    assert torch.equal(trj.KeyedTensor.regroup([kt.to_torchrec()], [["b", "a"]])[0], KeyedTensor.regroup([kt], [["b", "a"]])[0])
