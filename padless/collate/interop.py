@@ -9,6 +9,16 @@ For ``ids`` samples of lengths ``2, 0, 3`` (``T = 5``)::
 
 Every value comes from metadata computed in the worker: no host sync, no
 structure computation in the training loop.
+
+One structure, three naming schemes::
+
+    padless                          flash-attn varlen            Hugging Face transformers
+    x.values()  (T, *static)         q, k, v  (T, H, D)           input_ids (1, T) / inputs_embeds (1, T, C)
+    x.cu_seqlens()  int32 (B+1,)     cu_seqlens_q, cu_seqlens_k   cu_seq_lens_q, cu_seq_lens_k
+    x.max_seqlen()  python int       max_seqlen_q, max_seqlen_k   max_length_q, max_length_k
+    Field(position_ids="pos")        (rotary positions: yours)    position_ids (1, T)
+    Field(seq_idx="seq_idx") int32   -                            seq_idx (1, T) int32
+    Field(labels="labels")           -                            labels (1, T), -100 at sample starts
 """
 
 from __future__ import annotations

@@ -383,11 +383,17 @@ class RaggedPlan(FieldPlan):
                 rows = [None] * len(self.ts)
             if rows:
                 ho = self.host_offsets.tolist()
+                channels_first = len(self.static) == 1 and self.order[-1] == 0  # (C, H, W)-style samples
                 for i, t in enumerate(self.ts):
                     r = rows[i]
                     dst = values[ho[i] : ho[i + 1]]
                     if r is not None:
                         dst.copy_(r)
+                    elif channels_first and t.is_contiguous():
+                        # one strided write per channel from contiguous reads: about twice as fast
+                        # as copying the permuted view element by element (uint8, C=3)
+                        for c in range(self.static[0]):
+                            dst[:, c].copy_(t[c].reshape(-1))
                     else:
                         dst.view([t.shape[d] for d in self.order]).copy_(t.permute(self.order))
             if self.pad_rows:
