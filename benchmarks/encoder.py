@@ -1,6 +1,8 @@
 """Transformer encoder layers on variable-length batches: padded vs padless vs torch.nested.
 
-    python benchmarks/encoder.py [--batches 6] [--device cpu|cuda]
+    python benchmarks/encoder.py [--batch-sizes 16,64,256] [--threads 1,2] [--batches 6]
+                                 [--config uniform|lognormal|both] [--models pre-ln,encoder-layer]
+                                 [--profile] [--device cpu|cuda]
 
 Two models, forward + backward, d=256, 4 heads, FFN 4x, GELU:
 
@@ -9,15 +11,21 @@ Two models, forward + backward, d=256, 4 heads, FFN 4x, GELU:
 * ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``.
 
 Each runs as padded dense (key-padding mask), as padless (the same module code on a
-NestedTensor) and as ``torch.nested`` jagged where it runs. Two length
-distributions: uniform in [16, 256] (occupancy ~0.67) and lognormal (~0.3). Every
-batch runs every implementation back to back; the table gives medians of per-batch
-times and of per-batch ratios. ``--device cuda`` runs the same in bfloat16 on a GPU.
+NestedTensor) and as ``torch.nested`` jagged where it runs. Lengths are uniform in
+``[16, 256] * 16 / B`` (occupancy ~0.55 at every B, the same ~2,200 tokens per batch:
+U[16, 256] at B=16, U[4, 64] at B=64, U[1, 16] at B=256) or lognormal (~0.3, scaled the
+same way). Each row runs at every thread count given (``--threads``, default 1 and all
+cores). Every batch runs every implementation back to back; the table gives medians of
+per-batch times and of per-batch ratios, and the machine's load average, since
+timings on a shared machine are noisy. ``--profile`` adds the CPU profile of the padless
+pre-LN step (share of ``slice_backward``, ``fill_``, ``add_``, ``copy_``, ``cat``, SDPA).
+``--device cuda`` runs the same in bfloat16 on a GPU.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -26,6 +34,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import padless
+from padless.testing import bench
 
 
 class PreLNLayer(nn.Module):
@@ -45,10 +54,13 @@ class PreLNLayer(nn.Module):
 
 
 def lengths_for(kind: str, b: int, g: torch.Generator) -> list[int]:
+    """Lengths for a batch of ``b``: the B=16 distribution scaled by 16 / b (same tokens per batch)."""
+    scale = 16 / b
     if kind == "uniform":
-        return torch.randint(16, 257, (b,), generator=g).tolist()
+        lo, hi = max(1, round(16 * scale)), max(1, round(256 * scale))
+        return torch.randint(lo, hi + 1, (b,), generator=g).tolist()
     raw = torch.empty(b).log_normal_(mean=4.0, std=0.9, generator=g)
-    return raw.clamp(8, 512).long().tolist()
+    return (raw.clamp(8, 512) * scale).round().clamp(min=1).long().tolist()
 
 
 def timed(fn) -> float:
@@ -59,17 +71,24 @@ def timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def run_config(kind: str, args, device: str, dtype: torch.dtype) -> None:
+def make_models(d: int, heads: int, device: str, dtype: torch.dtype) -> dict[str, nn.Module]:
     torch.manual_seed(0)
-    d, heads, b = 256, 4, args.batch
     models = {
-        "pre-LN layer": PreLNLayer(d, heads),
-        "nn.TransformerEncoderLayer": nn.TransformerEncoderLayer(
+        "pre-ln": PreLNLayer(d, heads),
+        "encoder-layer": nn.TransformerEncoderLayer(
             d, heads, 4 * d, dropout=0.0, activation="gelu", batch_first=True, norm_first=True
         ),
     }
-    for m in models.values():
-        m.to(device=device, dtype=dtype)
+    return {k: m.to(device=device, dtype=dtype) for k, m in models.items()}
+
+
+NAMES = {"pre-ln": "pre-LN layer", "encoder-layer": "nn.TransformerEncoderLayer"}
+IMPLS = ("padded + mask", "padless", "torch.nested")
+
+
+def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype: torch.dtype) -> list[bench.Row]:
+    torch.set_num_threads(threads)
+    d = 256
     g = torch.Generator().manual_seed(1)
     times: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
@@ -84,7 +103,7 @@ def run_config(kind: str, args, device: str, dtype: torch.dtype) -> None:
         occ.append(x.occupancy())
         for name, m in models.items():
             def padded_step(m=m, name=name):
-                if name == "pre-LN layer":
+                if name == "pre-ln":
                     y = m(pad, attn_mask=keep[:, None, None, :])
                 else:
                     y = m(pad, src_key_padding_mask=~keep)
@@ -98,9 +117,9 @@ def run_config(kind: str, args, device: str, dtype: torch.dtype) -> None:
                 y = m(njt)
                 (y.values() ** 2).mean().backward()
 
-            impls = {"padded + mask": padded_step, "padless": padless_step, "torch.nested": nested_step}
+            steps = {"padded + mask": padded_step, "padless": padless_step, "torch.nested": nested_step}
             res = {}
-            for impl, fn in impls.items():
+            for impl, fn in steps.items():
                 key = (name, impl)
                 if notes.get(key, "").startswith("cannot run"):
                     continue
@@ -114,29 +133,74 @@ def run_config(kind: str, args, device: str, dtype: torch.dtype) -> None:
             for impl, t in res.items():
                 times.setdefault((name, impl), []).append(t)
                 ratios.setdefault((name, impl), []).append(res["padded + mask"] / t)
-    print(f"\n### {kind} lengths (occupancy {statistics.mean(occ):.2f}), B={b}, d={d}, {heads} heads, FFN 4x, "
-          f"{args.batches} batches, {device} {str(dtype).replace('torch.', '')}, torch {torch.__version__}\n")
-    print("| model | implementation | median step (ms) | speed vs padded (median of per-batch ratios) |")
-    print("|---|---|---:|---:|")
+    case_tail = f"{kind} B={b} (occ {statistics.mean(occ):.2f}), {threads} thr"
+    rows = []
     for name in models:
-        for impl in ("padded + mask", "padless", "torch.nested"):
+        for impl in IMPLS:
             key = (name, impl)
+            case = f"{NAMES[name]}, {case_tail}"
             if key in times:
-                print(f"| {name} | {impl} | {statistics.median(times[key]) * 1e3:,.1f} | {statistics.median(ratios[key]):.2f}x |")
+                rows.append(bench.Row(case, impl, statistics.median(times[key]) * 1e6, statistics.median(ratios[key])))
             else:
-                print(f"| {name} | {impl} | - | {notes.get(key, 'not run')} |")
+                rows.append(bench.Row(case, impl, float("nan"), float("nan"), notes.get(key, "not run")))
+    return rows
+
+
+def profile_padless(models, device: str, dtype: torch.dtype, b: int, threads: int) -> None:
+    """Where the padless pre-LN step spends its CPU time (two steps, after one warm-up)."""
+    from torch.profiler import profile
+
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(1)
+    m = models["pre-ln"]
+    x = padless.from_list([torch.randn(n, 256, generator=g).to(device=device, dtype=dtype) for n in lengths_for("uniform", b, g)])
+    x.requires_grad_()
+    (m(x) ** 2).mean().backward()
+    with profile() as prof:
+        for _ in range(2):
+            (m(x) ** 2).mean().backward()
+    ev = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in ev) or 1.0
+    watch = ("aten::slice_backward", "aten::fill_", "aten::add_", "aten::copy_", "aten::cat", "aten::index_add_")
+    print(f"\n### padless pre-LN step profile, uniform B={b}, {threads} thread(s): share of self CPU time\n")
+    print("| op | calls | share |")
+    print("|---|---:|---:|")
+    for e in sorted(ev, key=lambda e: -e.self_cpu_time_total):
+        if e.key in watch or "scaled_dot_product" in e.key or e.key in ("aten::mm", "aten::addmm"):
+            print(f"| {e.key} | {e.count} | {100 * e.self_cpu_time_total / total:.1f}% |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batches", type=int, default=6)
-    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--batch-sizes", default="16,64,256")
+    ap.add_argument("--threads", default=f"1,{os.cpu_count() or 1}")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--config", choices=["uniform", "lognormal", "both"], default="both")
+    ap.add_argument("--config", choices=["uniform", "lognormal", "both"], default="uniform")
+    ap.add_argument("--models", default="pre-ln,encoder-layer")
+    ap.add_argument("--profile", action="store_true")
     args = ap.parse_args()
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    models = make_models(256, 4, args.device, dtype)
+    models = {k: models[k] for k in args.models.split(",")}
+    threads = [int(t) for t in dict.fromkeys(args.threads.split(","))]
+    load0 = os.getloadavg()
+    rows: list[bench.Row] = []
     for kind in (["uniform", "lognormal"] if args.config == "both" else [args.config]):
-        run_config(kind, args, args.device, dtype)
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            for t in threads:
+                rows += run_config(kind, b, t, args, models, args.device, dtype)
+    load1 = os.getloadavg()
+    bench.print_table(
+        rows,
+        f"Encoder layer, forward + backward, d=256, 4 heads, FFN 4x, {args.batches} batches per row, {args.device} "
+        f"{str(dtype).replace('torch.', '')}, torch {torch.__version__}, {os.cpu_count()} cores, load average "
+        f"{load0[0]:.1f} at start, {load1[0]:.1f} at end",
+        "padded + mask",
+    )
+    if args.profile and "pre-ln" in models:
+        for t in threads:
+            profile_padless(models, args.device, dtype, 16, t)
 
 
 if __name__ == "__main__":

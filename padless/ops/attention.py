@@ -23,15 +23,23 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   slow reference).
 * ``per_sample`` (any device, any dtype): torch's SDPA on each sample's rows (views
   of ``values`` with unit leading dims, so torch's fused CPU kernel runs), no padded
-  position computed. Measured on this project's 2-core CPU, B=16, H=4, E=64, lengths
-  U[16, 256], SDPA forward + backward (``python benchmarks/attention_cpu.py``, one
-  run): per-sample 32.4 ms, padded with a key mask 37.6 ms, one block-diagonal SDPA
-  over all rows 515 ms (it computes every cross-sample score). FlexAttention has no
+  position computed. The samples come from one ``torch.split`` of each buffer
+  (:func:`padless.tensor.autograd.split_rows`), so the backward writes every sample's
+  gradient once, O(T) (per-sample slices cost a zero-filled buffer of all T rows per
+  sample: O(B x T)). Without masks, mods or dropout, samples sharing one (query, key)
+  length pair run as one batched ``(G, H, L, E)`` SDPA call (a ``torch.stack`` of their
+  views: exact lengths, nothing padded, each sample's own dense SDPA); dropout stays
+  per sample so the RNG stream matches a loop over samples. Measured on this project's
+  2-core CPU, B=16, H=4, E=64, lengths U[16, 256], SDPA forward + backward (``python
+  benchmarks/attention_cpu.py``, one run, before the split): per-sample 32.4 ms, padded
+  with a key mask 37.6 ms, one block-diagonal SDPA over all rows 515 ms (it computes
+  every cross-sample score). FlexAttention has no
   CPU backward in torch 2.13; forward only, compiled FlexAttention with the document
   mask takes 23.9 ms (after a 10.7 s compile) where per-sample takes 8.4 ms
   (``--flex-compiled``), and eager flex is a dense reference (28.7 ms on 4 samples vs
-  1.2 ms). Per-sample is therefore the CPU default. (A bucketed variant would pad
-  inside buckets, which this path never does.)
+  1.2 ms). Per-sample is therefore the CPU default. Groups of similar (not equal)
+  lengths padded to the group's longest were measured slower than this on U[16, 256]
+  and U[4, 64] batches, and would compute padded positions, which this path never does.
 
 Semantics (identical to dense SDPA on each sample): a sample with zero keys and some
 queries gets zeros (and zero gradients), as torch's SDPA does for an empty key set;
