@@ -6,9 +6,16 @@
 2. an attention spot check: the varlen / flash / flex backends against per-sample SDPA,
    forward and backward, bf16, with the backend each call chose;
 3. a Batch moved to the GPU: the number of host-to-device copies;
-4. ``benchmarks/encoder.py --device cuda`` (skipped with ``--quick``).
+4. ``benchmarks/encoder.py --device cuda`` (skipped with ``--quick``);
+5. the Triton kernel tests on CUDA (``tests/ops/kernels``: every kernel against its twin);
+6. ``benchmarks/kernels_gpu.py``: per-kernel bandwidth against the device's peak, zero
+   device syncs in a training step (``set_sync_debug_mode("error")``) of the pair block
+   and the encoder, the pair block (B=8, C=384/128, N up to 384) and a BERT-base-like
+   encoder layer in bf16, eager and compiled, against padding and hand packing, with
+   peak memory.
 
-Prints one summary line per step; exits non-zero if a step failed.
+Prints one summary line per step and exits 0 (a failed step is reported in its
+summary); ``--strict`` exits non-zero when a step failed.
 """
 
 from __future__ import annotations
@@ -19,11 +26,15 @@ import sys
 import time
 
 
-def step(name: str, cmd: list[str]) -> bool:
+def step(name: str, cmd: list[str], tail_lines: int = 15) -> bool:
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except subprocess.TimeoutExpired as e:
+        print(f"== {name}: FAILED (timed out after {e.timeout:.0f} s)")
+        return False
     ok = proc.returncode == 0
-    tail = (proc.stdout + proc.stderr).strip().splitlines()[-15:]
+    tail = (proc.stdout + proc.stderr).strip().splitlines()[-tail_lines:]
     print(f"== {name}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
     print("\n".join("   " + line for line in tail))
     return ok
@@ -74,6 +85,7 @@ print("pair on cuda:", tuple(p.shape), p.device)
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--strict", action="store_true", help="exit non-zero when a step failed")
     args = ap.parse_args()
     import torch
 
@@ -88,7 +100,12 @@ def main() -> None:
     ]
     if not args.quick:
         results.append(step("encoder benchmark (bf16)", [py, "benchmarks/encoder.py", "--device", "cuda", "--batches", "4"]))
-    if not all(results):
+    results.append(step("Triton kernel tests (CUDA)", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops/kernels"]))
+    kernels_cmd = [py, "benchmarks/kernels_gpu.py"] + (["--quick"] if args.quick else [])
+    results.append(step("kernels: bandwidth, syncs, pair block, encoder", kernels_cmd, tail_lines=120))
+    failed = sum(not r for r in results)
+    print(f"== gpu_check: {len(results) - failed} of {len(results)} steps ok")
+    if failed and args.strict:
         raise SystemExit(1)
 
 

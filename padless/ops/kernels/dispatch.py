@@ -39,11 +39,27 @@ class Choice:
 
 
 _LAST: dict[str, Choice] = {}
+_CPU_DEFAULT = Choice("torch", "not on CUDA (device cpu)")
+
+
+# ``os.environ.get`` of an unset variable raises and catches a KeyError inside ``os``: about
+# 1 us per call, paid by every reduction on the CPU path. The environment's own dict (keyed
+# by encoded names) answers the same question with one dict lookup; fall back when absent.
+_ENV_DATA = getattr(os.environ, "_data", None)
+_ENV_KEY = os.environ.encodekey(ENV) if hasattr(os.environ, "encodekey") else None
+
+
+def _env() -> str | None:
+    """``PADLESS_KERNELS`` as set now (None when unset); cheap enough for every call."""
+    if _ENV_DATA is not None and _ENV_KEY is not None:
+        raw = _ENV_DATA.get(_ENV_KEY)
+        return None if raw is None else os.environ.decodevalue(raw)
+    return os.environ.get(ENV)
 
 
 def mode() -> str:
     """The requested mode from ``PADLESS_KERNELS`` (read at every call)."""
-    raw = os.environ.get(ENV, "").strip().lower() or "auto"
+    raw = (_env() or "").strip().lower() or "auto"
     if raw not in MODES:
         raise ValueError(f"{ENV}={raw!r} is not a kernel mode; use one of {', '.join(MODES)} (or leave it unset)")
     return raw
@@ -76,6 +92,9 @@ def choose(family: str, *tensors: Tensor, unsupported: Unsupported = None) -> Ch
     default path never pays for the structure analysis kernels need).
     Raises when ``PADLESS_KERNELS=triton`` asks for a kernel that cannot run.
     """
+    if tensors and _env() is None and not tensors[0].is_cuda:
+        _LAST[family] = _CPU_DEFAULT  # the common CPU path: no env var, nothing to analyse
+        return _CPU_DEFAULT
     m = mode()
     dev = tensors[0].device if tensors else None
     kernel_possible = m == "triton" or (m == "auto" and dev is not None and dev.type == "cuda")
@@ -122,7 +141,7 @@ def quick_check(*tensors: Tensor) -> bool:
     False on the CPU default path (no env var, CPU tensors), so twins pay nothing
     for structure analysis that only kernels need.
     """
-    m = os.environ.get(ENV, "")
+    m = _env()
     if m == "torch":
         return False
     if m == "triton":

@@ -80,7 +80,7 @@ def strided_plan(
 
 def _segment_reduce_kernel(x_ptr, out_ptr, start_ptr, count_ptr, stride_ptr, F, correction,
                            MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
-    g = tl.program_id(0)
+    g = tl.program_id(0).to(tl.int64)  # G * F may exceed 2**31
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     cmask = cols < F
     start = tl.load(start_ptr + g)
@@ -134,7 +134,7 @@ def _segment_reduce_kernel(x_ptr, out_ptr, start_ptr, count_ptr, stride_ptr, F, 
 
 def _segment_reduce_bwd_kernel(gout_ptr, x_ptr, out_ptr, gin_ptr, start_ptr, count_ptr, stride_ptr, F, correction,
                                MODE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_F: tl.constexpr):
-    g = tl.program_id(0)
+    g = tl.program_id(0).to(tl.int64)  # G * F may exceed 2**31
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
     cmask = cols < F
     start = tl.load(start_ptr + g)
