@@ -45,6 +45,7 @@ from padless.loaders.streaming import BucketedStream, Shuffle, StreamingBucketer
 from padless.loaders.tarstream import TrailingDataError, TruncatedShardError
 from padless.loaders.transforms import Compose, FieldTransforms, Normalize, budget_size, budget_sizes, resize_to_budget
 from padless.loaders.webdataset import WebDatasetReader
+from padless.loaders.schedules import BudgetSchedule, ScheduledResize
 
 __all__ = [
     "BatchSamplerBase",
@@ -57,6 +58,8 @@ __all__ = [
     "ImageTooLargeError",
     "Normalize",
     "BudgetBatchSampler",
+    "BudgetSchedule",
+    "ScheduledResize",
     "Constraint",
     "Consumer",
     "CostFn",
