@@ -158,3 +158,80 @@ def test_returns_padless_tensors():
     assert padless.nested.__all__ == [
         "nested_tensor", "as_nested_tensor", "nested_tensor_from_jagged", "narrow", "to_padded_tensor", "masked_select",
     ]
+
+
+# ---------------------------------------------------------------------------- NJT parity (issue 14)
+
+
+def _pair():
+    torch.manual_seed(3)
+    samples = [torch.randn(3, 4), torch.randn(0, 4), torch.randn(5, 4)]
+    return nested.nested_tensor(samples), torch.nested.nested_tensor(samples, layout=torch.jagged)
+
+
+def test_to_padded_tensor_method_like_njt():
+    nt, ref = _pair()
+    torch.testing.assert_close(nt.to_padded_tensor(-1.0), ref.to_padded_tensor(-1.0))
+    torch.testing.assert_close(nt.to_padded_tensor(0.0, (3, 6, 4)), nested.to_padded_tensor(nt, 0.0, (3, 6, 4)))
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_batch_and_ragged_reductions_like_njt(op, keepdim):
+    nt, ref = _pair()
+    torch.testing.assert_close(getattr(torch, op)(nt, dim=(0, 1), keepdim=keepdim), getattr(torch, op)(ref, dim=(0, 1), keepdim=keepdim))
+    full = getattr(torch, op)(nt, dim=(0, 1, 2), keepdim=keepdim)
+    torch.testing.assert_close(full, getattr(torch, op)(ref, dim=(0, 1, 2), keepdim=keepdim))
+    assert full.shape == ((1, 1, 1) if keepdim else ())
+
+
+@pytest.mark.parametrize("op", ["all", "any"])
+def test_batch_and_ragged_logical_reductions_like_njt(op):
+    nt, ref = _pair()
+    assert torch.equal(getattr(torch, op)(nt > 0, dim=(0, 1)), getattr(torch, op)(ref > 0, dim=(0, 1)))
+
+
+def test_batch_and_ragged_reduction_gradient():
+    a, b = torch.randn(2, 3, requires_grad=True), torch.randn(4, 3, requires_grad=True)
+    nested.as_nested_tensor([a, b]).mean(dim=(0, 1)).sum().backward()
+    torch.testing.assert_close(a.grad, torch.full((2, 3), 1 / 6))
+    torch.testing.assert_close(b.grad, torch.full((4, 3), 1 / 6))
+
+
+def test_argmax_argmin_without_dim_like_njt():
+    nt, ref = _pair()
+    assert int(torch.argmax(nt)) == int(torch.argmax(ref)) and int(nt.argmin()) == int(ref.argmin())
+    assert nt.argmax(keepdim=True).shape == (1, 1, 1)
+
+
+def test_select_batch_dim_like_njt():
+    nt, ref = _pair()
+    for i in (0, 1, 2, -1):
+        torch.testing.assert_close(torch.select(nt, 0, i), torch.select(ref, 0, i))
+        torch.testing.assert_close(nt.select(0, i), ref.select(0, i))
+    torch.testing.assert_close(nt.select(2, 1).to_padded_tensor(0.0), nt.to_padded_tensor(0.0)[:, :, 1])
+    with pytest.raises(IndexError, match=r"select\(\): index 3 is out of range for a batch of 3 samples"):
+        nt.select(0, 3)
+
+
+def test_keyword_matmul_and_bmm():
+    nt, ref = _pair()
+    w = torch.randn(4, 2)
+    torch.testing.assert_close(torch.matmul(nt, other=w).to_padded_tensor(0.0), torch.matmul(ref, other=w).to_padded_tensor(0.0))
+    torch.testing.assert_close(nt.matmul(other=w).to_padded_tensor(0.0), torch.matmul(input=nt, other=w).to_padded_tensor(0.0))
+    m2 = nested.nested_tensor([torch.randn(4, 2), torch.randn(4, 2), torch.randn(4, 2)])
+    torch.testing.assert_close(torch.bmm(nt, mat2=m2).to_padded_tensor(0.0), torch.bmm(nt, m2).to_padded_tensor(0.0))
+    from padless.ops import contract
+
+    with pytest.raises(TypeError, match=r"matmul\(\): unexpected keyword arguments \['bogus'\]"):
+        contract.matmul(torch.matmul, nt, w, bogus=1)  # torch's parser stops such calls before padless
+    with pytest.raises(TypeError, match=r"bmm\(\): unexpected keyword arguments \['bogus'\]"):
+        contract.bmm(torch.bmm, nt, m2, bogus=1)
+
+
+def test_structure_errors_are_runtime_errors_like_njt():
+    nt, _ = _pair()
+    with pytest.raises(RuntimeError, match="batch dim of a NestedTensor"):
+        nt.sum(dim=0)
+    with pytest.raises(padless.StructureError):
+        nt.sum(dim=0)

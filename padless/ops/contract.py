@@ -109,8 +109,12 @@ def _matmul_out_ragged(a: NestedTensor, b: NestedTensor) -> tuple[int, ...]:
 
 
 @implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, accepts="packed or dense operands")
-def matmul(func, a, b) -> Tensor:
-    """``a @ b`` with NestedTensor operands (see module docstring for the three cases)."""
+def matmul(func, a=None, b=None, **kwargs) -> Tensor:
+    """``a @ b`` with NestedTensor operands (see module docstring for the three cases);
+    torch's keywords ``input=``/``other=`` are accepted."""
+    a, b = kwargs.pop("input", a), kwargs.pop("other", b)
+    if kwargs:
+        raise TypeError(f"matmul(): unexpected keyword arguments {sorted(kwargs)}")
     if func is torch.Tensor.__rmatmul__:
         a, b = b, a
     na, nb = isinstance(a, NestedTensor), isinstance(b, NestedTensor)
@@ -126,8 +130,12 @@ def matmul(func, a, b) -> Tensor:
 
 
 @implements(torch.bmm, torch.Tensor.bmm)
-def bmm(func, a: NestedTensor, b: NestedTensor) -> Tensor:
-    """Batched matmul of ``(B, n_i, m_i)`` by ``(B, m_i, p_i)``: sample by sample."""
+def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kwargs) -> Tensor:
+    """Batched matmul of ``(B, n_i, m_i)`` by ``(B, m_i, p_i)``: sample by sample (torch's
+    keywords ``input=``/``mat2=`` are accepted)."""
+    a, b = kwargs.pop("input", a), kwargs.pop("mat2", b)
+    if kwargs:
+        raise TypeError(f"bmm(): unexpected keyword arguments {sorted(kwargs)}")
     for x in (a, b):
         if not isinstance(x, NestedTensor) or x.sample_dim != 2:
             raise ValueError("bmm(): expects two NestedTensors with 2-D samples (use matmul for other ranks)")

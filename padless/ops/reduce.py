@@ -8,8 +8,11 @@ Rules, the same for every reduction:
   extent 1 with ``keepdim``);
 * reducing some ragged dims leaves a NestedTensor over the others; reducing every
   ragged dim leaves a dense ``(B, ...)`` tensor (see :mod:`padless.ops.segment`);
-* the batch dim cannot be reduced alone (samples differ in shape); listing every
-  dim is the same as ``dim=None``.
+* the batch dim cannot be reduced alone (samples differ in shape); reducing it together
+  with every ragged dim (``dim=(0, 1)`` on ``(B, L_i, C)``) reduces over all rows of
+  every sample and gives a dense tensor of the static dims left (as torch.nested);
+  listing every dim is the same as ``dim=None``, and ``keepdim=True`` keeps every
+  reduced dim (the batch dim included) as extent 1.
 
 Ragged reductions are one segmented kernel over all rows (``index_add`` /
 ``scatter_reduce``), never padding and never a Python loop over samples.
@@ -30,6 +33,7 @@ from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, valu
 from padless.tensor import layout
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
 
 # ---------------------------------------------------------------------------- dims
@@ -46,11 +50,33 @@ def _dims(nt: NestedTensor, dim, op: str) -> list[int] | None:
     if outer == list(range(nt.sample_dim + 1)):
         return None
     if 0 in outer:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): dim 0 is the batch dim of a NestedTensor; samples have different shapes, so "
-            f"reducing across them is only defined over every dim (dim=None). Got dim={dim!r}."
+            "reducing across them is only defined together with every ragged dim "
+            f"{tuple(r + 1 for r in nt._ragged)} (or over every dim). Got dim={dim!r}."
         )
     return [d - 1 for d in outer]
+
+
+def _batch_reduced(nt: NestedTensor, dim, op: str) -> list[int] | None:
+    """Outer dims when ``dim`` names the batch dim and every ragged dim (the rows of all
+    samples pooled together); None otherwise."""
+    if dim is None:
+        return None
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:
+        return None
+    outer = sorted({outer_dim(nt, d, op) for d in dims})
+    if 0 not in outer or any(r + 1 not in outer for r in nt._ragged):
+        return None
+    return outer
+
+
+def _keepdim_shape(nt: NestedTensor, outer: list[int], res: Tensor) -> list[int]:
+    """``keepdim=True`` shape of a reduction over ``outer`` (batch included): reduced dims are 1,
+    the static dims left keep their extents (``res`` holds them in order)."""
+    left = iter(res.shape)
+    return [1] + [1 if d + 1 in outer else next(left) for d in range(nt.sample_dim)]
 
 
 def _one_dim(nt: NestedTensor, dim, op: str) -> int:
@@ -103,6 +129,17 @@ def _reduction(
     needs_nonempty: bool = False,
 ) -> Tensor:
     """Shared driver: static dims on values, then ragged dims by segments."""
+    batch = _batch_reduced(nt, dim, op)
+    if batch is not None:  # batch + every ragged dim: all rows together, then the static dims listed
+        vals = values_of(nt)
+        if needs_nonempty and vals.shape[0] == 0:
+            raise ValueError(f"{op}(): the NestedTensor holds no element; {op} of nothing is undefined")
+        if len(batch) == nt.sample_dim + 1:
+            res = on_all(vals)
+        else:
+            static = [d - 1 for d in batch if d and d - 1 not in nt._ragged]
+            res = on_static(vals, [0] + [values_dim(nt, d) for d in static], False)
+        return res.reshape(_keepdim_shape(nt, batch, res)) if keepdim else res
     sdims = _dims(nt, dim, op)
     vals = values_of(nt)
     if sdims is None:
@@ -256,10 +293,19 @@ implements(torch.min, torch.Tensor.min)(_max_min("min", False))
 def _arg(op: str, largest: bool):
     def handler(func, nt, dim=None, keepdim: bool = False):
         if dim is None:
-            raise ValueError(
-                f"{op}(): a flat index over a NestedTensor has no meaning (samples differ in shape); "
-                "pass dim= (a dim inside the samples)"
-            )
+            # a flat index into the packed values, as torch.nested gives; it means "row r of
+            # the packed buffer" only when the ragged dims lead every sample (no permutation)
+            if nt.storage_order != tuple(range(nt.sample_dim)):
+                raise StructureError(
+                    f"{op}(): a flat index over this NestedTensor has no meaning (its ragged dims "
+                    f"{nt.ragged_dims} are not the leading sample dims, so values are stored permuted); "
+                    "pass dim= (a dim inside the samples)"
+                )
+            v = values_of(nt)
+            if v.numel() == 0:
+                raise ValueError(f"{op}(): the NestedTensor holds no element")
+            idx = v.argmax() if largest else v.argmin()
+            return idx.reshape([1] * (nt.sample_dim + 1)) if keepdim else idx
         return _arg_extreme(op, nt, dim, keepdim, largest)[1]
 
     handler.__name__ = op

@@ -133,8 +133,11 @@ def test_errors():
     e, _ = make_batch("empty_sample")
     with pytest.raises(ValueError, match=r"amax\(\): sample 1 has extent 0 along reduced dim\(s\) \(1,\)"):
         e.amax(dim=1)
-    with pytest.raises(ValueError, match=r"argmax\(\): a flat index over a NestedTensor has no meaning"):
-        nt.argmax()
+    chw = padless.from_list([torch.randn(3, 4), torch.randn(3, 2)], ragged_dims=(1,))  # stored permuted
+    with pytest.raises(padless.StructureError, match=r"argmax\(\): a flat index over this NestedTensor has no meaning"):
+        chw.argmax()
+    with pytest.raises(RuntimeError, match=r"only defined together with every ragged dim \(1, 2\)"):
+        make_batch("pair")[0].sum(dim=(0, 1))
     with pytest.raises(ValueError, match=r"softmax\(\): dim is required"):
         torch.nn.functional.softmax(nt)
     with pytest.raises(IndexError, match=r"mean\(\): dim 3 is out of range"):
