@@ -79,6 +79,12 @@ class Field:
                      position_ids then use no main-process work. Off by default: without
                      it a field ships O(B) metadata (offsets, sizes, cu_seqlens)
     padded_index     precompute the padded index used by ``batch.padded()`` / ``to_padded()``
+    spatial_plan     for images ``(C, H_i, W_i)`` ragged along (1, 2): the first layer's window
+                     geometry, ``dict(kernel_size=7, stride=2, padding=3)`` (also ``dilation``,
+                     ``ceil_mode``; ints, pairs, or a ``(top, bottom, left, right)`` padding) or a
+                     list of them (several layers reading the field). The worker builds each layer's spatial plan
+                     (:func:`padless.ops.spatial.build_spatial_plan`) and a ``Conv2d`` /
+                     ``MaxPool2d`` of that geometry on the batch finds it ready
     """
 
     ragged: int | tuple[int, ...] | None = None
@@ -93,6 +99,7 @@ class Field:
     pad_value: float = 0.0
     row_maps: bool = False
     padded_index: bool = False
+    spatial_plan: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
 
     def outputs(self) -> dict[str, str]:
         roles = {"position_ids": self.position_ids, "seq_idx": self.seq_idx, "labels": self.labels}
@@ -105,6 +112,7 @@ class Collator:
     def __init__(self, fields: Mapping[str, Field] | None = None) -> None:
         self.fields: dict[str, Field] = dict(fields or {})
         _validate_schema(self.fields)
+        self._geometries = {name: spatial_geometries(name, f.spatial_plan) for name, f in self.fields.items() if f.spatial_plan is not None}
 
     def __repr__(self) -> str:
         return f"Collator(fields={self.fields!r})"
@@ -123,6 +131,8 @@ class Collator:
             plans[key] = plan_samples(col, key) if spec is None else _plan_field(key, col, spec)
         outputs = self._plan_outputs(plans, rows)
         self._plan_pairs(plans)
+        for name, geometries in self._geometries.items():
+            _plan_spatial(name, plans[name], geometries)
         arena = Arena()
         for p in (*plans.values(), *outputs.values()):
             p.reserve(arena)
@@ -262,6 +272,60 @@ def _plan_field(name: str, col: list[Any], spec: Field) -> FieldPlan:
         return StackPlan(ts, dtype)
     opts = PackOptions(spec.row_maps, spec.padded_index, spec.pad_to_multiple, spec.pad_value)
     return RaggedPlan(name, ts, ragged, dtype, opts, sizes)
+
+
+_SPATIAL_KEYS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
+
+
+def spatial_geometries(name: str, spec: Any) -> tuple[Any, ...]:
+    """The window geometries of ``Field(spatial_plan=...)`` (one dict or a list of dicts), validated."""
+    from padless.ops.spatial import Geometry, to_pair, to_padding
+
+    layers = [spec] if isinstance(spec, Mapping) else list(spec) if isinstance(spec, (list, tuple)) else None
+    if not layers or not all(isinstance(d, Mapping) for d in layers):
+        raise TypeError(
+            f"Collator: field {name!r}: spatial_plan must be a dict like dict(kernel_size=7, stride=2, padding=3) "
+            f"or a non-empty list of them, got {spec!r}"
+        )
+    out = []
+    for i, d in enumerate(layers):
+        where = f"Collator: field {name!r}: spatial_plan[{i}]" if len(layers) > 1 or not isinstance(spec, Mapping) else f"Collator: field {name!r}: spatial_plan"
+        unknown = sorted(set(d) - set(_SPATIAL_KEYS))
+        if unknown or "kernel_size" not in d:
+            what = f"unknown key(s) {unknown}" if unknown else "no kernel_size"
+            raise ValueError(f"{where} has {what}; the keys are {list(_SPATIAL_KEYS)} (kernel_size required)")
+        op = where  # to_pair's messages read "{where}(): kernel_size must be ..."
+        if isinstance(d.get("padding"), str):
+            raise ValueError(f"{where}: padding {d['padding']!r} is not supported here; give the numbers (e.g. padding=3 for 'same' with a 7x7 kernel)")
+        ceil = d.get("ceil_mode", False)
+        if not isinstance(ceil, bool):
+            raise ValueError(f"{where}: ceil_mode must be a bool, got {ceil!r}")
+        out.append(Geometry(
+            to_pair(op, "kernel_size", d["kernel_size"]), to_pair(op, "stride", d.get("stride", 1)),
+            to_padding(op, d.get("padding", 0)), to_pair(op, "dilation", d.get("dilation", 1)), ceil,
+        ))
+    return tuple(out)
+
+
+def _plan_spatial(name: str, plan: FieldPlan, geometries: tuple[Any, ...]) -> None:
+    """Build the field's first-layer spatial plans here (in the worker) and add them to its metadata."""
+    from padless.collate.opcache import spatial_maps
+    from padless.ops.spatial import build_spatial_plan
+
+    if not isinstance(plan, RaggedPlan) or len(plan.host_sizes.shape) != 2 or plan.host_sizes.shape[1] != 3 or plan.ragged != (1, 2):
+        got = plan.ragged if isinstance(plan, RaggedPlan) else "none (stacked)"
+        raise ValueError(
+            f"Collator: field {name!r}: spatial_plan needs images (C, H_i, W_i) ragged along dims (1, 2); this "
+            f"field's ragged dims are {got} (declare Field(ragged=(1, 2)) and decode images channels-first)"
+        )
+    c = plan.static[0]
+    placeholder = torch.zeros((), dtype=plan.dtype).expand(plan.total, c)
+    images = NestedTensor(placeholder, plan.host_offsets, plan.host_sizes, plan.ragged, plan.env,
+                          StructureMeta(plan.host_sizes, plan.host_offsets))
+    plan.meta.spatial = tuple(
+        spatial_maps(build_spatial_plan(images, g.kernel, g.stride, g.padding, g.dilation, ceil_mode=g.ceil_mode))
+        for g in geometries
+    )
 
 
 def _pair_operand(plans: dict[str, FieldPlan], name: str) -> RaggedPlan:

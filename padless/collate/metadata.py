@@ -73,6 +73,25 @@ class PairMaps:
 
 
 @dataclasses.dataclass
+class SpatialMaps:
+    """A first-layer spatial plan of an image field (``Field(spatial_plan=...)``), built in the
+    worker by :func:`padless.ops.spatial.build_spatial_plan` and carried without its caches.
+
+    ``place``/``gather``/``take`` are the plan's index tensors (they move with the batch);
+    ``host`` holds the plan's other fields (host sizes and offsets of the output, block
+    shapes, rectangles): a dict, so they stay on the CPU. ``padless.collate.opcache``
+    turns it back into the op layer's plan.
+    """
+
+    geometry: Any  # padless.ops.spatial.Geometry
+    layout: str
+    place: Tensor | None
+    gather: Tensor | None
+    take: Tensor
+    host: dict[str, Any]
+
+
+@dataclasses.dataclass
 class FieldMeta:
     """Everything precomputed for one ragged field (see the module docstring)."""
 
@@ -83,6 +102,7 @@ class FieldMeta:
     padded_index: Tensor | None = None  # (T,) int64 flat row index in the padded grid
     dummy: bool = False  # the last sample is the pad_to_multiple dummy segment
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # role -> batch key ("labels", ...)
+    spatial: tuple[SpatialMaps, ...] = ()  # first-layer spatial plans (Field(spatial_plan=...))
 
 
 # ---------------------------------------------------------------------------- tensors of a meta

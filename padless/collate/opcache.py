@@ -17,11 +17,12 @@ asks plan providers on a miss (see the README of padless.collate).
 
 from __future__ import annotations
 
-from typing import Sequence
+import dataclasses
+from typing import Any, Sequence
 
 import torch
 
-from padless.collate.metadata import FieldMeta, PairMaps
+from padless.collate.metadata import FieldMeta, PairMaps, SpatialMaps
 from padless.ops.broadcast import Plan
 from padless.ops.segment import Groups
 from padless.tensor.core import NestedTensor, StructureMeta
@@ -53,6 +54,40 @@ def install(nt: NestedTensor, fm: FieldMeta) -> None:
         by_dim = dict(zip(nt._ragged, r.coords))
         local = tuple(by_dim[d] for d in reduced)
         m.derived[("groups_obj", reduced, dev)] = Groups(r.row_ids, nt.batch_size, r.counts, None, local, r.empty_sample)
+    if fm.spatial:
+        install_spatial(nt, fm.spatial)
+
+
+# The index tensors of a spatial plan that live on the batch's device; its other tensors are host metadata.
+_SPATIAL_DEVICE_FIELDS = ("place", "gather", "take")
+_SPATIAL_SKIPPED = ("geometry", "layout", "cache", "_divisors")  # carried apart, or rebuilt here
+
+
+def spatial_maps(plan: Any) -> SpatialMaps:
+    """What a :class:`padless.ops.spatial.SpatialPlan` carries to the main process: its index
+    tensors and host fields, without its caches (the output structure's cache, divisors)."""
+    host = {
+        f.name: getattr(plan, f.name)
+        for f in dataclasses.fields(plan)
+        if f.name not in _SPATIAL_DEVICE_FIELDS and f.name not in _SPATIAL_SKIPPED
+    }
+    return SpatialMaps(plan.geometry, plan.layout, plan.place, plan.gather, plan.take, host)
+
+
+def install_spatial(nt: NestedTensor, maps: Sequence[SpatialMaps]) -> None:
+    """Put the carried plans where ``conv2d``/``max_pool2d``/... look for them on ``nt``'s images
+    (the spatial cache of its structure, keyed by geometry, layout and device)."""
+    from padless.ops import spatial as sp
+
+    dev = nt._values.device
+    cache = sp._cache_of("Collator", nt)
+    for m in maps:
+        key = (m.geometry, m.layout, dev)
+        if key in cache.plans:
+            continue
+        plan = sp.SpatialPlan(geometry=m.geometry, layout=m.layout, place=m.place, gather=m.gather, take=m.take, **m.host)
+        plan.cache = sp._cache_for(plan.out_hw, plan.out_offsets, cache.ragged)
+        cache.plans[key] = plan
 
 
 def install_pair(x: NestedTensor, y: NestedTensor, pm: PairMaps) -> None:
