@@ -18,11 +18,12 @@ from typing import Any, ItemsView, Iterator, KeysView, Mapping, ValuesView
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_map
 
 from padless.collate import interop, transfer
 from padless.collate.metadata import FieldMeta, PairMaps
-from padless.collate.opcache import field_meta, install_pair
-from padless.tensor.core import NestedTensor
+from padless.collate.opcache import field_meta, install, install_pair
+from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
 
 
 class Batch:
@@ -224,7 +225,53 @@ class Batch:
 
     # ------------------------------------------------------------------ pickling
     def __reduce__(self):
-        return (_rebuild_batch, (self._fields, transfer.field_metas(self._fields), self._num_samples))
+        """Pickled as its tensors and static attributes (what a DataLoader worker sends).
+
+        NestedTensors travel as :class:`_NestedParts` and are rebuilt without the structure
+        checks that guard ``torch.load(weights_only=True)``: a Batch only unpickles through full
+        pickle, which trusts its input anyway, and its structure was built by the collator.
+        That keeps the main process's share of a batch to wrapping tensors (no O(B) check per
+        field), and fields that shared one structure share it again.
+        """
+        metas: dict[int, int] = {}
+        parts = tree_map(lambda x: _NestedParts(x, metas) if isinstance(x, NestedTensor) else x, self._fields)
+        return (_rebuild_from_parts, (parts, self._num_samples))
+
+
+class _NestedParts:
+    """A collated NestedTensor as pickled inside a :class:`Batch` (see ``Batch.__reduce__``)."""
+
+    __slots__ = ("values", "offsets", "sizes", "ragged", "env", "host_sizes", "host_offsets", "meta_key",
+                 "field_meta", "requires_grad")
+
+    def __init__(self, nt: NestedTensor, metas: dict[int, int]) -> None:
+        self.values, self.offsets, self.sizes = nt._values, nt._offsets, nt._sizes
+        self.ragged, self.env, self.requires_grad = nt._ragged, nt._env, nt.requires_grad
+        self.host_sizes, self.host_offsets = nt._meta.host_sizes, nt._meta.host_offsets
+        self.meta_key = metas.setdefault(id(nt._meta), len(metas))
+        self.field_meta = field_meta(nt)
+
+    def __getstate__(self) -> tuple:
+        return tuple(getattr(self, a) for a in self.__slots__)
+
+    def __setstate__(self, state: tuple) -> None:
+        for a, v in zip(self.__slots__, state):
+            setattr(self, a, v)
+
+    def rebuild(self, metas: dict[int, StructureMeta]) -> NestedTensor:
+        meta = metas.get(self.meta_key)
+        if meta is None:
+            meta = metas[self.meta_key] = StructureMeta(self.host_sizes, self.host_offsets)
+        nt = NestedTensor(self.values, self.offsets, self.sizes, self.ragged, self.env, meta,
+                          requires_grad=self.requires_grad)
+        if self.field_meta is not None:
+            install(nt, self.field_meta)
+        return mark_dynamic(nt)
+
+
+def _rebuild_from_parts(fields: dict[str, Any], num_samples: int) -> Batch:
+    metas: dict[int, StructureMeta] = {}
+    return Batch(tree_map(lambda x: x.rebuild(metas) if isinstance(x, _NestedParts) else x, fields), num_samples)
 
 
 def _rebuild_batch(fields: dict[str, Any], metas: dict[str, FieldMeta], num_samples: int) -> Batch:

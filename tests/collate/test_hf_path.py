@@ -138,3 +138,16 @@ def test_flattening_collator_in_a_dataloader_with_workers():
     batches = list(loader)
     assert [b["cu_seq_lens_q"].tolist() for b in batches] == [[0, 3, 8], [0, 2, 6]]
     assert batches[1]["labels"].tolist() == [[-100, 2, -100, 2, 3, 4]]
+
+
+def test_batch_pickles_keep_shared_structure_and_metadata():
+    import pickle
+
+    c = padless.Collator({"input_ids": padless.Field(ragged=0, position_ids="pos", labels="labels")})
+    b = c(_features())
+    r = pickle.loads(pickle.dumps(b))
+    assert r.labels._meta is r.input_ids._meta and r.pos._meta is r.input_ids._meta
+    assert r.field_meta("input_ids").outputs == {"position_ids": "pos", "labels": "labels"}
+    for k, v in b.hf_kwargs("input_ids").items():
+        w = r.hf_kwargs("input_ids")[k]
+        assert torch.equal(v, w) if isinstance(v, torch.Tensor) else v == w
