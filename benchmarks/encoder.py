@@ -84,6 +84,7 @@ def make_models(d: int, heads: int, device: str, dtype: torch.dtype) -> dict[str
 
 NAMES = {"pre-ln": "pre-LN layer", "encoder-layer": "nn.TransformerEncoderLayer"}
 IMPLS = ("padded + mask", "padless", "torch.nested")
+SKIPPED: dict[str, str] = {}  # "model / implementation" -> why it could not run
 
 
 def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype: torch.dtype) -> list[bench.Row]:
@@ -141,8 +142,8 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
             case = f"{NAMES[name]}, {case_tail}"
             if key in times:
                 rows.append(bench.Row(case, impl, statistics.median(times[key]) * 1e6, statistics.median(ratios[key])))
-            else:
-                rows.append(bench.Row(case, impl, float("nan"), float("nan"), notes.get(key, "not run")))
+            elif key in notes:
+                SKIPPED[f"{NAMES[name]} / {impl}"] = notes[key]
     return rows
 
 
@@ -198,6 +199,8 @@ def main() -> None:
         f"{load0[0]:.1f} at start, {load1[0]:.1f} at end",
         "padded + mask",
     )
+    for what, why in SKIPPED.items():
+        print(f"\n{what}: {why}")
     if args.profile and "pre-ln" in models:
         for t in threads:
             profile_padless(models, args.device, dtype, 16, t)
