@@ -26,6 +26,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.spatial import (
+    RECT_LIMIT,
+    BlocksToRows,
+    RowsToBlocks,
     Geometry,
     SpatialPlan,
     _cache_for,
@@ -67,13 +70,53 @@ def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor
         raise type(e)(f"{op}(): {e}") from None
 
 
+class _PlanConv(torch.autograd.Function):
+    """rows -> canvas -> native (transposed) convolution -> rows, saving only the packed input.
+
+    Autograd of the three steps would save the canvas (a second copy of the input,
+    ~1.2x its size) and turn the output gather's gradient into a scatter-add; here the
+    backward rebuilds the canvas from the saved rows (one ``index_copy``), puts the output
+    gradient on the canvas (one ``index_copy``: output positions are unique) and reads
+    the input gradient back with one ``index_select``. First-order only."""
+
+    @staticmethod
+    def forward(ctx, v, weight, bias, plan, stride, dilation, groups, transposed):  # type: ignore[override]
+        blocks = plan.to_blocks(v)
+        y = torch.ops.aten.convolution(blocks, weight, bias, stride, [0, 0], dilation, transposed, [0, 0], groups)
+        ctx.save_for_backward(v, weight)
+        ctx.args = (plan, stride, dilation, groups, transposed, None if bias is None else [bias.shape[0]])
+        return plan.from_blocks(y)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):  # type: ignore[override]
+        v, weight = ctx.saved_tensors
+        plan, stride, dilation, groups, transposed, bias_sizes = ctx.args
+        need = list(ctx.needs_input_grad[:3])
+        need[2] = need[2] and bias_sizes is not None
+        gi, gw, gb = torch.ops.aten.convolution_backward(
+            plan.blocks_of_rows(g.contiguous()), plan.to_blocks(v), weight, bias_sizes, stride, [0, 0], dilation,
+            transposed, [0, 0], groups, need,
+        )
+        gv = plan.rows_of_blocks(gi, v.shape[0]) if need[0] else None
+        return gv, gw, gb, None, None, None, None, None
+
+
+def _plan_conv(plan: SpatialPlan, x: NestedTensor, weight: Tensor, bias: Tensor | None, stride, dilation, groups: int, transposed: bool, out_channels: int) -> NestedTensor:
+    v = values_of(x)
+    if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
+        return images_like(v.new_zeros((0, out_channels)), out_channels, plan.cache, x)  # type: ignore[arg-type]
+    out = _PlanConv.apply(v, weight, bias, plan, list(stride), list(dilation), groups, transposed)
+    return images_like(out, out_channels, plan.cache, x)  # type: ignore[arg-type]
+
+
 def _on_blocks(plan: SpatialPlan, x: NestedTensor, out_channels: int, native: Callable[[Tensor], Tensor], fill: float = 0.0) -> NestedTensor:
     """Run ``native`` once on the plan's blocks and pack the valid outputs as images."""
     v = values_of(x)
     if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
         out = v.new_zeros((0, out_channels))
     else:
-        out = plan.from_blocks(native(plan.to_blocks(v, fill)))
+        out = BlocksToRows.apply(native(RowsToBlocks.apply(v, plan, fill)), plan)
     return images_like(out, out_channels, plan.cache, x)  # type: ignore[arg-type]
 
 
@@ -91,6 +134,39 @@ def _padding(op: str, padding: Any, kernel: tuple[int, int], stride: tuple[int, 
     if isinstance(padding, str):
         raise ValueError(f"{op}(): padding must be 'same', 'valid', an int or a pair of ints, got {padding!r}")
     return to_padding(op, padding)
+
+
+class _Subsample(torch.autograd.Function):
+    """Every ``s``-th pixel of every image (rows ``(T, C)`` -> ``(T_out, C)``), one strided copy
+    per image; the backward writes the gradient back into a zero buffer the same way."""
+
+    @staticmethod
+    def forward(ctx, v: Tensor, hw: list, offs: list, out_offs: list, s: tuple[int, int]) -> Tensor:  # type: ignore[override]
+        ctx.args = (v.shape[0], hw, offs, out_offs, s)
+        out = v.new_empty((out_offs[-1], v.shape[1]))
+        for (h, w), o, q in zip(hw, offs, out_offs):
+            oh, ow = -(-h // s[0]), -(-w // s[1])
+            out[q : q + oh * ow].view(oh, ow, -1).copy_(v[o : o + h * w].view(h, w, -1)[:: s[0], :: s[1]])
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        rows, hw, offs, out_offs, s = ctx.args
+        gv = g.new_zeros((rows, g.shape[1]))
+        for (h, w), o, q in zip(hw, offs, out_offs):
+            oh, ow = -(-h // s[0]), -(-w // s[1])
+            gv[o : o + h * w].view(h, w, -1)[:: s[0], :: s[1]].copy_(g[q : q + oh * ow].view(oh, ow, -1))
+        return gv, None, None, None, None
+
+
+def _strided_1x1(x: NestedTensor, weight: Tensor, bias: Tensor | None, st: tuple[int, int]) -> NestedTensor:
+    """1x1 convolution with stride and no padding: keep every ``s``-th pixel, then a matmul."""
+    hw, off = image_hw("conv2d", x)
+    ohw = torch.stack([(hw[:, 0] + st[0] - 1) // st[0], (hw[:, 1] + st[1] - 1) // st[1]], 1)
+    ooff = torch.cat([off.new_zeros(1), ohw.prod(1).cumsum(0)])
+    v = _Subsample.apply(values_of(x), hw.tolist(), off.tolist(), ooff.tolist(), st)
+    out = F.linear(v, weight.flatten(1), bias)
+    return images_like(out, weight.shape[0], _cache_for(ohw, ooff, x._ragged), x)
 
 
 def _patch_conv(x: NestedTensor, weight: Tensor, bias: Tensor | None, kh: int, kw: int) -> NestedTensor:
@@ -141,9 +217,11 @@ def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None
             plan = spatial_plan("conv2d", x, g)  # only to name the image with torch's error
             _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, 0, dil, groups))
         return _patch_conv(x, weight, bias, *k)
+    if k == (1, 1) and pad == (0, 0, 0, 0) and groups == 1 and x.batch_size <= RECT_LIMIT and bool((image_hw("conv2d", x)[0] > 0).all()):
+        return _strided_1x1(x, weight, bias, st)  # a strided projection: no window overlaps, no canvas
     plan = spatial_plan("conv2d", x, g)
     _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, pad[::2], dil, groups))
-    return _on_blocks(plan, x, weight.shape[0], lambda blk: F.conv2d(blk, weight, bias, st, 0, dil, groups))
+    return _plan_conv(plan, x, weight, bias, st, dil, groups, False, weight.shape[0])
 
 
 @implements(F.conv_transpose2d, accepts="packed images (C, H_i, W_i), dense weight, dense bias")
@@ -164,7 +242,7 @@ def conv_transpose2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | N
     _validate("conv_transpose2d", plan, input._values.shape[1],
               lambda t: F.conv_transpose2d(t, weight.to("meta"), None, st, (ph, pw), op, groups, dil))
     o = weight.shape[1] * groups
-    return _on_blocks(plan, input, o, lambda blk: F.conv_transpose2d(blk, weight, bias, st, 0, 0, groups, dil))
+    return _plan_conv(plan, input, weight, bias, st, dil, groups, True, o)
 
 
 def _check_output_padding(op: str, g: Geometry) -> None:
@@ -212,7 +290,7 @@ def conv1d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None
     pad_arg = padding if isinstance(padding, str) else p
     _validate("conv1d", plan, input._values.shape[1], lambda t: F.conv1d(t, weight.to("meta"), None, s, pad_arg, d, groups))
     w4 = weight.unsqueeze(2)
-    return _on_blocks(plan, input, weight.shape[0], lambda blk: F.conv2d(blk, w4, bias, (1, s), 0, (1, d), groups))
+    return _plan_conv(plan, input, w4, bias, (1, s), (1, d), groups, False, weight.shape[0])
 
 
 @implements(F.conv_transpose1d, accepts="packed sequences (C, L_i), dense weight, dense bias")
@@ -228,4 +306,4 @@ def conv_transpose1d(func, input: NestedTensor, weight: Tensor, bias: Tensor | N
               lambda t: F.conv_transpose1d(t, weight.to("meta"), None, s, p, opad, groups, d))
     w4 = weight.unsqueeze(2)
     o = weight.shape[1] * groups
-    return _on_blocks(plan, input, o, lambda blk: F.conv_transpose2d(blk, w4, bias, (1, s), 0, 0, groups, (1, d)))
+    return _plan_conv(plan, input, w4, bias, (1, s), (1, d), groups, True, o)

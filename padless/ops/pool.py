@@ -22,13 +22,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.conv import _on_blocks, _validate
-from padless.ops.spatial import Geometry, _cache_of, spatial_plan, to_pair, to_padding
+from padless.ops.spatial import RECT_LIMIT, Geometry, _cache_of, spatial_plan, to_pair, to_padding
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor, _fmt_shape
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
 
-__all__ = ["adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "max_pool2d"]
+__all__ = ["adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "max_pool2d", "max_pool2d_with_indices"]
 
 
 def _images(op: str, x: Any) -> NestedTensor:
@@ -42,6 +42,17 @@ def _geometry(op: str, kernel_size, stride, padding, dilation, ceil_mode: bool) 
     k = to_pair(op, "kernel_size", kernel_size)
     s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else to_pair(op, "stride", stride)
     return Geometry(k, s, to_padding(op, padding), to_pair(op, "dilation", dilation), bool(ceil_mode))
+
+
+@implements(F.max_pool2d_with_indices, F.adaptive_max_pool2d_with_indices, accepts="refused: indices")
+def max_pool2d_with_indices(func, input: NestedTensor, *args, **kwargs):
+    """Refused: the indices of a max pool are positions inside each image's own ``H_i*W_i``;
+    they have no packed form yet."""
+    name = "adaptive_max_pool2d" if func is F.adaptive_max_pool2d_with_indices else "max_pool2d"
+    raise NotImplementedError(
+        f"{name}(): return_indices=True is not supported on a NestedTensor (indices into each image's own "
+        f"H_i*W_i have no packed form yet); pool with return_indices=False, or per image on x.unbind()"
+    )
 
 
 @implements(F.max_pool2d, accepts="packed images (C, H_i, W_i)")
@@ -139,7 +150,11 @@ def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
     v = values_of(x)
     src = v if row is None else v.index_select(0, row)
     b = x.batch_size
-    if reduce == "mean":
+    if reduce == "mean" and row is None and b <= RECT_LIMIT:  # global pooling of a few images: one sum each
+        off = cache.host_offsets.tolist()
+        sums = torch.stack([v[off[i] : off[i + 1]].sum(0) for i in range(b)]) if b else v.new_zeros((0, c))
+        out = sums / count.to(v.dtype).unsqueeze(1)
+    elif reduce == "mean":
         out = v.new_zeros((b * oh * ow, c)).index_add(0, cell, src) / count.to(v.dtype).unsqueeze(1)
     else:
         out = v.new_zeros((b * oh * ow, c)).scatter_reduce(0, cell.unsqueeze(1).expand(-1, c), src, "amax", include_self=False)

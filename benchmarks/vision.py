@@ -1,0 +1,233 @@
+"""ResNet-style classifier, forward + backward in training mode: padless vs padded vs per-image loop.
+
+Batches of 12 images whose sides are uniform in [48, 216] (occupancy about 0.4). Every
+round draws a new batch and runs the three implementations on it in rotating order; the
+table reports median times and the median of per-batch ratios against the padded batch:
+
+* ``padless``: the images packed (``padless.from_list``), the model unchanged;
+* ``padded``: zeros up to the largest H and W of the batch, one dense batch;
+* ``per-image``: the model on each image alone (a batch of one), gradients accumulated.
+
+Peak activation memory is the total size of the tensors autograd saves for backward
+during the forward pass (``torch.autograd.graph.saved_tensors_hooks``, unique storages),
+i.e. what is alive at the end of the forward pass besides parameters; on CUDA the table
+also gives ``torch.cuda.max_memory_allocated`` above the parameters.
+
+``--designs`` also times the spatial-plan layouts on one 3x3 convolution and on the model:
+one shared canvas vs equal tiles with halo vs the per-image loop.
+
+    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import time
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import padless
+from padless.ops import spatial
+from padless.testing.bench import Row, print_table
+from padless.testing.vision import ResNetish, random_image_sizes
+
+BATCH, LO, HI = 12, 48, 216
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (CPU seconds of this process; steadier on a busy machine)
+
+
+def _sync(dev: str) -> None:
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def make_runs(model: nn.Module, imgs: list[torch.Tensor], labels: torch.Tensor, dev: str) -> dict[str, Callable[[], None]]:
+    hmax = max(i.shape[1] for i in imgs)
+    wmax = max(i.shape[2] for i in imgs)
+
+    def run_padless() -> None:
+        x = padless.from_list(imgs)
+        F.cross_entropy(model(x), labels).backward()
+
+    def run_padded() -> None:
+        x = imgs[0].new_zeros(len(imgs), imgs[0].shape[0], hmax, wmax)
+        for k, im in enumerate(imgs):
+            x[k, :, : im.shape[1], : im.shape[2]] = im
+        F.cross_entropy(model(x), labels).backward()
+
+    def run_loop() -> None:
+        for k, im in enumerate(imgs):
+            (F.cross_entropy(model(im[None]), labels[k : k + 1]) / len(imgs)).backward()
+
+    return {"padless": run_padless, "padded": run_padded, "per-image": run_loop}
+
+
+def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
+    """Bytes of the unique storages autograd saves for backward while ``fn`` runs its forward."""
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor):
+        if isinstance(t, padless.NestedTensor):
+            t = t._values
+        s = t.untyped_storage()
+        seen[s.data_ptr()] = s.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    del out
+    return sum(seen.values())
+
+
+def forward_only(model: nn.Module, imgs: list[torch.Tensor], labels: torch.Tensor) -> dict[str, Callable[[], object]]:
+    hmax = max(i.shape[1] for i in imgs)
+    wmax = max(i.shape[2] for i in imgs)
+
+    def padded():
+        x = imgs[0].new_zeros(len(imgs), imgs[0].shape[0], hmax, wmax)
+        for k, im in enumerate(imgs):
+            x[k, :, : im.shape[1], : im.shape[2]] = im
+        return F.cross_entropy(model(x), labels)
+
+    return {
+        "padless": lambda: F.cross_entropy(model(padless.from_list(imgs)), labels),
+        "padded": padded,
+        "per-image": lambda: [F.cross_entropy(model(im[None]), labels[k : k + 1]) for k, im in enumerate(imgs)],
+    }
+
+
+def cuda_peak(fn: Callable[[], None], dev: str) -> int:
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None:
+    dev = args.device
+    torch.manual_seed(0)
+    model = ResNetish(widths=tuple(args.widths), classes=10).to(dev).train()
+    rng = random.Random(0)
+    times: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    mem: dict[str, list[int]] = {}
+    pixels = []
+    for r in range(args.rounds + 1):
+        sizes = random_image_sizes(rng, BATCH, LO, HI)
+        pixels.append(sum(h * w for h, w in sizes) / (BATCH * max(h for h, _ in sizes) * max(w for _, w in sizes)))
+        imgs = [torch.randn(3, h, w, device=dev) for h, w in sizes]
+        labels = torch.randint(0, 10, (BATCH,), device=dev)
+        runs = make_runs(model, imgs, labels, dev)
+        for lay in layouts:  # extra rows: padless with another plan layout
+            def run_layout(lay=lay):
+                old = spatial.DEFAULT_LAYOUT
+                spatial.DEFAULT_LAYOUT = lay
+                try:
+                    runs["padless"]()
+                finally:
+                    spatial.DEFAULT_LAYOUT = old
+            runs[f"padless ({lay})"] = run_layout
+        names = list(runs)
+        names = names[r % len(names):] + names[: r % len(names)]  # rotate the order every round
+        t: dict[str, float] = {}
+        for n in names:
+            model.zero_grad(set_to_none=True)
+            _sync(dev)
+            t0 = CLOCK()
+            runs[n]()
+            _sync(dev)
+            t[n] = CLOCK() - t0
+        if r == 0:
+            fwd = forward_only(model, imgs, labels)
+            for n, f in fwd.items():
+                mem.setdefault(n, []).append(saved_bytes(f))
+                if dev.startswith("cuda"):
+                    mem.setdefault(n + " cuda", []).append(cuda_peak(runs[n], dev))
+            continue  # warm-up round: memory only
+        for n in t:
+            times.setdefault(n, []).append(t[n])
+            ratios.setdefault(n, []).append(t["padded"] / t[n])
+    rows = [Row("resnet fwd+bwd b=12", n, statistics.median(times[n]) * 1e6, statistics.median(ratios[n])) for n in times]
+    for row in rows:
+        m = mem.get(row.impl)
+        if m:
+            row.note = f"saved activations {m[0] / 2**20:.1f} MiB ({mem['padded'][0] / m[0]:.2f}x less than padded)"
+            if row.impl + " cuda" in mem:
+                row.note += f"; cuda peak {mem[row.impl + ' cuda'][0] / 2**20:.1f} MiB"
+    load = os.getloadavg()
+    title = (f"vision: ResNet-style (widths {tuple(args.widths)}) train step, {BATCH} images, sides U[{LO}, {HI}], "
+             f"occupancy {statistics.mean(pixels):.2f}, {args.rounds} batches, {dev}, threads {torch.get_num_threads()}, "
+             f"{CLOCK.__name__}, load {load[0]:.1f}")
+    print_table(rows, title, "padded")
+
+
+def design_table(args: argparse.Namespace) -> None:
+    """One 3x3 conv (64 -> 64, padding 1) forward + backward on a batch: canvas vs tiles vs loop."""
+    dev = args.device
+    rng = random.Random(1)
+    conv = nn.Conv2d(64, 64, 3, padding=1).to(dev)
+    times: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        sizes = [(max(1, h // 4), max(1, w // 4)) for h, w in random_image_sizes(rng, BATCH, LO, HI)]
+        imgs = [torch.randn(64, h, w, device=dev) for h, w in sizes]
+        x = padless.from_list(imgs)
+
+        def with_layout(lay: str) -> Callable[[], None]:
+            def run() -> None:
+                old = spatial.DEFAULT_LAYOUT
+                spatial.DEFAULT_LAYOUT = lay
+                try:
+                    xx = x.detach().requires_grad_()
+                    conv(xx).values().sum().backward()
+                finally:
+                    spatial.DEFAULT_LAYOUT = old
+            return run
+
+        def loop() -> None:
+            for im in imgs:
+                conv(im[None].requires_grad_()).sum().backward()
+
+        runs = {"canvas": with_layout("canvas"), "tiles": with_layout("tiles"), "per-image loop": loop}
+        for lay in ("canvas", "tiles"):  # plans are built once per structure (cached): build them first
+            with_layout(lay)()
+        t = {}
+        for n in list(runs)[r % 3:] + list(runs)[: r % 3]:
+            _sync(dev)
+            t0 = CLOCK()
+            runs[n]()
+            _sync(dev)
+            t[n] = CLOCK() - t0
+        for n in t:
+            times.setdefault(n, []).append(t[n])
+            ratios.setdefault(n, []).append(t["per-image loop"] / t[n])
+    rows = [Row("conv3x3 64ch fwd+bwd, sides U[12, 54]", n, statistics.median(times[n]) * 1e6, statistics.median(ratios[n])) for n in times]
+    print_table(rows, f"spatial plan layouts, {args.rounds} batches, {dev}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}", "per-image loop")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512], help="stage widths (ResNet-18 widths by default)")
+    p.add_argument("--designs", action="store_true", help="also compare the spatial-plan layouts")
+    p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or CPU time of this process")
+    args = p.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(args.threads)
+    if args.designs:
+        design_table(args)
+    model_table(args, ("tiles",) if args.designs else ())
+
+
+if __name__ == "__main__":
+    main()
