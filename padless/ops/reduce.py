@@ -491,16 +491,29 @@ def cumsum(func, nt: NestedTensor, dim: int, *, dtype=None) -> NestedTensor:
     # Order rows by (group, coordinate along d): each group becomes one contiguous run.
     order = _group_order(nt, d, g)
     ordered = vals.index_select(0, order) if order is not None else vals
-    acc = torch.float64 if ordered.is_floating_point() else None
-    cs = ordered.cumsum(0, dtype=acc)
-    gid = g.gid if order is None else g.gid.index_select(0, order)
-    starts = layout.offsets_from_counts(g.counts)[:-1].clamp_max(max(cs.shape[0] - 1, 0))
-    exclusive = torch.cat([cs.new_zeros((1, *cs.shape[1:])), cs[:-1]])
-    base = exclusive.index_select(0, starts) if cs.shape[0] else exclusive[:0]
-    out = (cs - base.index_select(0, gid)).to(ordered.dtype)
+    pos = g.local[0] if order is None else g.local[0].index_select(0, order)
+    out = _run_cumsum(ordered, pos, nt._env[d]).to(ordered.dtype)
     if order is not None:
         out = torch.empty_like(out).index_copy(0, order, out)
     return rewrap(out, nt)
+
+
+def _run_cumsum(v: Tensor, pos: Tensor, longest) -> Tensor:
+    """Inclusive cumsum within contiguous runs of rows; ``pos`` is each row's place in its run.
+
+    A scan in ``ceil(log2(longest))`` vectorised steps (Hillis-Steele): every step adds a
+    value only from the same run, so a NaN, an inf or a huge value in one sample never
+    reaches another (a global cumsum minus each run's start would leak them). Floats
+    accumulate in float64, as torch's CPU cumsum does.
+    """
+    x = v.to(torch.float64) if v.is_floating_point() else v.to(torch.int64)
+    mask_shape = (-1,) + (1,) * (x.dim() - 1)
+    s = 1
+    while s < longest and s < x.shape[0]:
+        shifted = torch.cat([x.new_zeros((s, *x.shape[1:])), x[:-s]])
+        x = x + torch.where((pos >= s).view(mask_shape), shifted, torch.zeros_like(shifted))
+        s *= 2
+    return x
 
 
 def _group_order(nt: NestedTensor, d: int, g: segment.Groups) -> Tensor | None:

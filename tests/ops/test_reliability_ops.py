@@ -160,3 +160,19 @@ def test_max_min_over_a_ragged_dim_holding_nan(largest):
     got = f(y.log(), dim=1)
     want = [f(s.log(), dim=0) for s in y.unbind()]
     assert got.indices.tolist() == [int(w.indices) for w in want]
+
+
+@pytest.mark.parametrize("first", [float("nan"), float("inf"), 1e20], ids=["nan", "inf", "huge"])
+def test_cumsum_along_a_ragged_dim_never_leaks_into_the_next_sample(first):
+    # Before: a global cumsum minus each run's start gave sample 1 NaN (or 0 after 1e20)
+    x = padless.from_list([torch.tensor([first, 1.0]), torch.tensor([1.0, 2.0])])
+    assert x.cumsum(1).unbind()[1].tolist() == [1.0, 3.0]
+    p = padless.from_list([torch.full((2, 3, 1), first), torch.ones(1, 2, 1)], ragged_dims=(0, 1))
+    for d in (1, 2):
+        assert p.cumsum(d).unbind()[1].tolist() == torch.ones(1, 2, 1).cumsum(d - 1).tolist()
+
+
+def test_cumsum_along_ragged_dims_matches_torch_with_gradients():
+    for shapes, rag in [([(3, 2), (0, 2), (5, 2)], (0,)), ([(2, 3, 2), (1, 4, 2), (0, 2, 2)], (0, 1))]:
+        for d in range(len(shapes[0])):
+            check_samples(lambda t: t.cumsum(d + 1), lambda t: t.cumsum(d), [leaves(shapes, seed=1, ragged=rag)])
