@@ -30,7 +30,6 @@ from padless.ops.kernels import segment as kernel_segment
 from padless.ops.kernels.softmax import ragged_softmax
 from padless.ops.pointwise import run_on_rows
 from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, values_dim
-from padless.tensor import layout
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError

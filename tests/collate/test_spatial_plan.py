@@ -4,6 +4,7 @@ it, and the layer in the main process finds it ready (no plan built there)."""
 from __future__ import annotations
 
 import pickle
+import weakref
 
 import pytest
 import torch
@@ -66,19 +67,26 @@ def test_loader_batches_need_no_plan_in_the_main_process(plan_builds):
     assert plan_builds == []
 
 
-def test_pickled_batch_carries_the_plan(plan_builds):
+def _forget_plans(monkeypatch) -> None:
+    """Drop the process-wide plan table, so only what a batch carries can be found."""
+    monkeypatch.setattr(spatial, "_CACHES", weakref.WeakValueDictionary())
+
+
+def test_pickled_batch_carries_the_plan(plan_builds, monkeypatch):
     collator = Collator({"img": Field(ragged=(1, 2), spatial_plan=STEM)})
     samples = _samples(seed=1)
     b = collator(samples)
     assert len(plan_builds) == 1  # the worker's share
     plan_builds.clear()
+    _forget_plans(monkeypatch)
     _check_conv(pickle.loads(pickle.dumps(b)), samples, nn.Conv2d(3, 2, 7, stride=2, padding=3))
     assert plan_builds == []
 
 
-def test_control_without_spatial_plan_builds_in_the_main_process(plan_builds):
+def test_control_without_spatial_plan_builds_in_the_main_process(plan_builds, monkeypatch):
     samples = _samples()
     b = pickle.loads(pickle.dumps(Collator({"img": Field(ragged=(1, 2))})(samples)))
+    _forget_plans(monkeypatch)
     nn.Conv2d(3, 2, 7, stride=2, padding=3)(b.img)
     assert len(plan_builds) == 1
 
@@ -128,3 +136,18 @@ def test_spatial_plan_needs_channels_first_images():
     c = Collator({"seq": Field(ragged=0, spatial_plan=STEM)})
     with pytest.raises(ValueError, match=r"field 'seq': spatial_plan needs images .* ragged dims are \(0,\)"):
         c([{"seq": torch.zeros(4, 3)}, {"seq": torch.zeros(6, 3)}])
+
+
+def test_rebuilt_batch_finds_the_plan(plan_builds, monkeypatch):
+    """What a device move does (new tensors, new structure, caches refilled from the metadata),
+    with copies on the CPU: the copied plan is found and gives the same result."""
+    from padless.collate import transfer
+
+    samples = _samples(seed=2)
+    b = Collator({"img": Field(ragged=(1, 2), spatial_plan=STEM)})(samples)
+    plan_builds.clear()
+    _forget_plans(monkeypatch)
+    moved = transfer.map_fields({"img": b.img}, lambda t, host: t.clone())["img"]
+    assert moved._meta is not b.img._meta
+    _check_conv(type(b)({"img": moved}, len(b)), samples, nn.Conv2d(3, 2, 7, stride=2, padding=3))
+    assert plan_builds == []
