@@ -93,6 +93,8 @@ def plan_samples(samples: Sequence[Any], path: str, opts: PackOptions = PackOpti
         return tensor_plan(path, samples, None, None, opts)
     if k0 == sk.SEQUENCE and sk.is_number_list(elem):  # tokenizer output: a list of ids is a tensor
         return tensor_plan(path, samples, None, None, opts)
+    if k0 == sk.NUMBER and all(type(x) is type(elem) for x in samples):  # labels: skip the per-sample kinds
+        return TensorPlan(sk.numbers_tensor(samples, path))
     kinds = [sk.kind(x) for x in samples]
     if k0 == sk.NONE and sk.TENSOR in kinds:
         return tensor_plan(path, samples, None, None, opts)

@@ -313,7 +313,7 @@ class RaggedPlan(FieldPlan):
         self.total = int(offsets[-1])
         self.pad_rows = self.total - int(offsets[len(ts)]) if opts.pad_to_multiple is not None else 0
         self.real_rows = self.total - self.pad_rows
-        self.same_dtype = all(t.dtype is dtype for t in ts)
+        self.same_dtype = ts[0].dtype == dtype and len({t.dtype for t in ts}) == 1
         maxes = sizes.max(0) if n else np.zeros(ndim, dtype=np.int64)
         self.env = [int(maxes[d]) if d in ragged else int(sizes[0, d]) for d in range(ndim)]
         parts = md.partitions(self.host_sizes, ragged) if len(ragged) > 1 else (self.host_offsets,)
