@@ -79,7 +79,8 @@ class Field:
                      position_ids then use no main-process work. Off by default: without
                      it a field ships O(B) metadata (offsets, sizes, cu_seqlens)
     padded_index     precompute the padded index used by ``batch.padded()`` / ``to_padded()``
-    spatial_plan     for images ``(C, H_i, W_i)`` ragged along (1, 2): the first layer's window
+    spatial_plan     for images ``(C, H_i, W_i)`` ragged along (1, 2) (or sequences ``(C, L_i)``
+                     ragged along 1, with int numbers as ``nn.Conv1d``): the first layer's window
                      geometry, ``dict(kernel_size=7, stride=2, padding=3)`` (also ``dilation``,
                      ``ceil_mode``; ints, pairs, or a ``(top, bottom, left, right)`` padding) or a
                      list of them (several layers reading the field). The worker builds each layer's spatial plan
@@ -277,8 +278,10 @@ def _plan_field(name: str, col: list[Any], spec: Field) -> FieldPlan:
 _SPATIAL_KEYS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 
 
-def spatial_geometries(name: str, spec: Any) -> tuple[Any, ...]:
-    """The window geometries of ``Field(spatial_plan=...)`` (one dict or a list of dicts), validated."""
+def spatial_geometries(name: str, spec: Any) -> tuple[tuple[Any, Any], ...]:
+    """The window geometries of ``Field(spatial_plan=...)`` (one dict or a list of dicts), validated:
+    per layer ``(geometry on images, geometry on sequences (C, L_i) or None)``; the second
+    exists when every number is one int, as ``nn.Conv1d`` takes them."""
     from padless.ops.spatial import Geometry, to_pair, to_padding
 
     layers = [spec] if isinstance(spec, Mapping) else list(spec) if isinstance(spec, (list, tuple)) else None
@@ -300,10 +303,11 @@ def spatial_geometries(name: str, spec: Any) -> tuple[Any, ...]:
         ceil = d.get("ceil_mode", False)
         if not isinstance(ceil, bool):
             raise ValueError(f"{where}: ceil_mode must be a bool, got {ceil!r}")
-        out.append(Geometry(
-            to_pair(op, "kernel_size", d["kernel_size"]), to_pair(op, "stride", d.get("stride", 1)),
-            to_padding(op, d.get("padding", 0)), to_pair(op, "dilation", d.get("dilation", 1)), ceil,
-        ))
+        k, st = to_pair(op, "kernel_size", d["kernel_size"]), to_pair(op, "stride", d.get("stride", 1))
+        pad, dil = to_padding(op, d.get("padding", 0)), to_pair(op, "dilation", d.get("dilation", 1))
+        ints = all(isinstance(d.get(key, 0), int) for key in ("kernel_size", "stride", "padding", "dilation"))
+        seq = Geometry((1, k[1]), (1, st[1]), (0, 0, pad[2], pad[3]), (1, dil[1]), ceil) if ints else None
+        out.append((Geometry(k, st, pad, dil, ceil), seq))
     return tuple(out)
 
 
@@ -312,19 +316,28 @@ def _plan_spatial(name: str, plan: FieldPlan, geometries: tuple[Any, ...]) -> No
     from padless.collate.opcache import spatial_maps
     from padless.ops.spatial import build_spatial_plan
 
-    if not isinstance(plan, RaggedPlan) or len(plan.host_sizes.shape) != 2 or plan.host_sizes.shape[1] != 3 or plan.ragged != (1, 2):
+    rank = plan.host_sizes.shape[1] if isinstance(plan, RaggedPlan) else -1
+    images = isinstance(plan, RaggedPlan) and rank == 3 and plan.ragged == (1, 2)
+    sequences = isinstance(plan, RaggedPlan) and rank == 2 and plan.ragged == (1,)
+    if not (images or sequences):
         got = plan.ragged if isinstance(plan, RaggedPlan) else "none (stacked)"
         raise ValueError(
-            f"Collator: field {name!r}: spatial_plan needs images (C, H_i, W_i) ragged along dims (1, 2); this "
-            f"field's ragged dims are {got} (declare Field(ragged=(1, 2)) and decode images channels-first)"
+            f"Collator: field {name!r}: spatial_plan needs images (C, H_i, W_i) ragged along dims (1, 2) or sequences "
+            f"(C, L_i) ragged along dim 1; this field's ragged dims are {got} (declare Field(ragged=(1, 2)) and "
+            "decode images channels-first)"
+        )
+    if sequences and any(seq is None for _, seq in geometries):
+        raise ValueError(
+            f"Collator: field {name!r}: spatial_plan on sequences (C, L_i) takes one int per number "
+            "(kernel_size, stride, padding, dilation), as nn.Conv1d does"
         )
     c = plan.static[0]
     placeholder = torch.zeros((), dtype=plan.dtype).expand(plan.total, c)
-    images = NestedTensor(placeholder, plan.host_offsets, plan.host_sizes, plan.ragged, plan.env,
+    packed = NestedTensor(placeholder, plan.host_offsets, plan.host_sizes, plan.ragged, plan.env,
                           StructureMeta(plan.host_sizes, plan.host_offsets))
     plan.meta.spatial = tuple(
-        spatial_maps(build_spatial_plan(images, g.kernel, g.stride, g.padding, g.dilation, ceil_mode=g.ceil_mode))
-        for g in geometries
+        spatial_maps(build_spatial_plan(packed, g.kernel, g.stride, g.padding, g.dilation, ceil_mode=g.ceil_mode))
+        for g in (seq if sequences else img for img, seq in geometries)
     )
 
 

@@ -131,7 +131,7 @@ def test_bad_spatial_plan_specs(spec, match):
 
 def test_spatial_plan_needs_channels_first_images():
     c = Collator({"img": Field(ragged=(0, 1), spatial_plan=STEM)})
-    with pytest.raises(ValueError, match=r"field 'img': spatial_plan needs images \(C, H_i, W_i\) ragged along dims \(1, 2\); this field's ragged dims are \(0, 1\)"):
+    with pytest.raises(ValueError, match=r"field 'img': spatial_plan needs images \(C, H_i, W_i\) ragged along dims \(1, 2\) or sequences \(C, L_i\) ragged along dim 1; this field's ragged dims are \(0, 1\)"):
         c([{"img": torch.zeros(4, 5, 3)}, {"img": torch.zeros(6, 2, 3)}])
     c = Collator({"seq": Field(ragged=0, spatial_plan=STEM)})
     with pytest.raises(ValueError, match=r"field 'seq': spatial_plan needs images .* ragged dims are \(0,\)"):
@@ -151,3 +151,19 @@ def test_rebuilt_batch_finds_the_plan(plan_builds, monkeypatch):
     assert moved._meta is not b.img._meta
     _check_conv(type(b)({"img": moved}, len(b)), samples, nn.Conv2d(3, 2, 7, stride=2, padding=3))
     assert plan_builds == []
+
+
+def test_sequences_get_a_conv1d_plan(plan_builds, monkeypatch):
+    g = torch.Generator().manual_seed(4)
+    samples = [{"audio": torch.randn(2, n, generator=g)} for n in (17, 5, 40, 9)]
+    b = Collator({"audio": Field(ragged=1, spatial_plan=dict(kernel_size=5, stride=2, padding=2))})(samples)
+    plan_builds.clear()
+    _forget_plans(monkeypatch)
+    conv = nn.Conv1d(2, 3, 5, stride=2, padding=2)
+    y = conv(pickle.loads(pickle.dumps(b)).audio)
+    assert plan_builds == []
+    for got, s in zip(y.unbind(), samples):
+        torch.testing.assert_close(got, conv(s["audio"][None])[0])
+    c = Collator({"audio": Field(ragged=1, spatial_plan=dict(kernel_size=(1, 5)))})
+    with pytest.raises(ValueError, match=r"field 'audio': spatial_plan on sequences \(C, L_i\) takes one int per number"):
+        c(samples)
