@@ -1,6 +1,6 @@
 """Native-resolution CNNs from the image stream: classification and segmentation, no padding.
 
-    python examples/native_cnn.py          (part of `make demo`; about 10 s on 2 cores)
+    python examples/native_cnn.py          (for `make demo`: about 12 s of CPU time on 2 cores)
 
 For each task:
 
@@ -90,7 +90,7 @@ class FCN(nn.Module):
     def __init__(self, classes: int) -> None:
         super().__init__()
         self.trunk = SmallResNet(classes)
-        self.classifier = nn.Conv2d(32, classes, 1)
+        self.classifier = nn.Conv2d(self.trunk.fc.in_features, classes, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         logits = self.classifier(self.trunk.features(x))
