@@ -100,7 +100,7 @@ class Geometry:
                 o = torch.where((o - 1) * s >= n + p0, o - 1, o)
             else:
                 o = torch.div(num, s, rounding_mode="floor") + 1
-            cols.append(torch.where(num < 0, torch.zeros_like(o), o))
+            cols.append(o.clamp_min(0))  # <= 0: torch refuses the image (too small)
         return torch.stack(cols, 1)
 
 
@@ -273,6 +273,8 @@ def image_hw(op: str, nt: NestedTensor) -> tuple[Tensor, Tensor]:
 
 
 def _cache_of(op: str, nt: NestedTensor) -> SpatialCache:
+    if not isinstance(nt, NestedTensor):
+        raise TypeError(f"{op}(): expected a NestedTensor of images, got {type(nt).__name__}")
     hit = nt._meta.derived.get(_KEY)
     if hit is not None:
         return hit
