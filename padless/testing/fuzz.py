@@ -138,6 +138,8 @@ def _unary_steps() -> list[Step]:
         Step("gelu", lambda x, o: F.gelu(x)),
         Step("softplus", lambda x, o: F.softplus(x)),
         Step("mul_tanh", lambda x, o: x * torch.tanh(x)),
+        Step("leaky_where", lambda x, o: torch.where(x > 0, x, x * 0.1)),
+        Step("clamp", lambda x, o: x.clamp(-1.0, 1.5)),
     ]
 
 
@@ -197,7 +199,10 @@ def applicable_steps(x: NestedTensor, c: Chooser, seed: int) -> list[Callable[[]
         def layer_norm() -> Step:
             return Step(f"layer_norm({cin})", lambda t, o: F.layer_norm(t, (cin,)))
 
-        out += [linear, layer_norm]
+        def normalize() -> Step:
+            return Step(f"normalize(dim={ndim - 1})", lambda t, o: F.normalize(t, dim=o + ndim - 1))
+
+        out += [linear, layer_norm, normalize]
 
     if ndim >= 2:
 
@@ -206,7 +211,14 @@ def applicable_steps(x: NestedTensor, c: Chooser, seed: int) -> list[Callable[[]
             b = c.choice([d for d in range(ndim) if d != a])
             return Step(f"transpose({a}, {b})", lambda t, o: t.transpose(o + a, o + b))
 
-        out.append(transpose)
+        def permute() -> Step:
+            perm = list(range(ndim))
+            for i in range(ndim - 1, 0, -1):  # Fisher-Yates from the chooser's draws
+                j = c.integer(0, i)
+                perm[i], perm[j] = perm[j], perm[i]
+            return Step(f"permute{tuple(perm)}", lambda t, o: t.permute(*range(o), *(o + p for p in perm)))
+
+        out += [transpose, permute]
 
     if ndim <= 3 and len(ragged) <= 2 and _rows(x) <= 64:
 
