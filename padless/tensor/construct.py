@@ -321,7 +321,10 @@ def require_integer(t: Tensor, name: str, what: str) -> None:
             odd = (flat != flat.round()) | ~torch.isfinite(flat) if not t.is_complex() else flat.imag != 0
             if bool(odd.any()):
                 j = int(odd.nonzero()[0, 0])
-                where = f"sample {j}" if t.dim() == 1 else f"entry {tuple(int(k) for k in torch.unravel_index(torch.tensor(j), t.shape))}"
+                if t.dim() != 1:
+                    where = f"entry {tuple(int(k) for k in torch.unravel_index(torch.tensor(j), t.shape))}"
+                else:
+                    where = f"{name}[{j}]" if name == "offsets" else f"sample {j}"
                 bad = f" ({where} is {flat[j].item()})"
         raise TypeError(f"{what}: {name} must be an integer tensor (int64), got {t.dtype}{bad}")
 

@@ -30,7 +30,7 @@ def test_cu_seqlens_at_int32_max_is_exact():
         (dict(lengths=torch.tensor([2.9, 2.9])), "lengths", r"sample 0 is 2\.9"),
         (dict(lengths=torch.tensor([float("nan"), 4.0])), "lengths", "sample 0 is nan"),
         (dict(sizes=torch.tensor([[2.9], [2.9]])), "sizes", r"entry \(0, 0\) is 2\.9"),
-        (dict(offsets=torch.tensor([0.0, 2.5, 4.0])), "offsets", r"sample 1 is 2\.5"),
+        (dict(offsets=torch.tensor([0.0, 2.5, 4.0])), "offsets", r"offsets\[1\] is 2\.5"),
         (dict(offsets=torch.tensor([0.0, 2.0, 4.0]), validate=False), "offsets", "float32"),
     ],
     ids=["float_lengths", "nan_lengths", "float_sizes", "float_offsets", "float_offsets_unvalidated"],
