@@ -127,7 +127,7 @@ def nested_tensor_from_jagged(
         raise ValueError(f"Expected jagged_dim >=1, but got {jagged_dim}.")
     r = jagged_dim - 1
     if r >= values.dim():
-        raise ValueError(f"nested_tensor_from_jagged(): jagged_dim={jagged_dim} is out of range for values of rank {values.dim()}")
+        raise StructureError(f"nested_tensor_from_jagged(): jagged_dim={jagged_dim} is out of range for values of rank {values.dim()}")
     rows = values.movedim(r, 0) if r else values
     if offsets is not None and lengths is not None:
         starts, lengths = _check_holes(rows, offsets, lengths, r)
@@ -184,7 +184,7 @@ def narrow(tensor: Tensor, dim: int, start, length, layout=torch.strided) -> Nes
     if not isinstance(length, (int, torch.SymInt, Tensor)):
         raise RuntimeError("length must be an integer or a tensor")
     if tensor.dim() < 2:
-        raise ValueError(f"narrow(): tensor must be (B, ...) with a sample dim, got {tuple(tensor.shape)}")
+        raise StructureError(f"narrow(): tensor must be (B, ...) with a sample dim, got {tuple(tensor.shape)}")
     if not isinstance(start, Tensor) and not isinstance(length, Tensor):
         return as_nested_tensor(tensor.narrow(dim, start, length), ragged_dims=(dim - 1,))
     if dim != 1:
@@ -195,7 +195,7 @@ def narrow(tensor: Tensor, dim: int, start, length, layout=torch.strided) -> Nes
     bad = (start < 0) | (length < 0) | (start + length > n)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(
+        raise StructureError(
             f"narrow(): sample {i} asks for [{int(start[i])}, {int(start[i] + length[i])}) along dim 1 of size {n}"
         )
     off = _layout.offsets_from_counts(length.contiguous())

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced
+from padless.tensor.errors import StructureError
 
 
 PLAN_PROVIDERS: list[Callable[[str, Sequence[NestedTensor]], "Plan | None"]] = []
@@ -59,6 +60,12 @@ def _fail(opname: str, hs: Sequence[Tensor], b: int) -> ValueError:
 def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     """Broadcast plan for NestedTensor operands (the first is the reference; cached there)."""
     ref = nts[0]
+    if _is_traced(ref._values):  # compiled: row counts come from carried maps (compile_rows)
+        from padless.ops.compile_rows import traced_pair_plan
+
+        traced = traced_pair_plan(opname, nts)
+        if traced is not None:
+            return traced
     key = ("broadcast",) + tuple((id(n._meta), n._ragged) for n in nts[1:])
     dev = ref._values.device
     hit = ref._meta.derived.get(key)
@@ -76,9 +83,9 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     ndim = ref.sample_dim
     for j, n in enumerate(nts[1:], 1):
         if n.batch_size != b:
-            raise ValueError(f"{opname}(): ragged structures differ: batch sizes differ: {b} vs {n.batch_size}")
+            raise StructureError(f"{opname}(): ragged structures differ: batch sizes differ: {b} vs {n.batch_size}")
         if n.sample_dim != ndim:
-            raise ValueError(
+            raise StructureError(
                 f"{opname}(): ragged structures differ: sample ranks differ: {ndim} vs {n.sample_dim} "
                 "(unsqueeze explicitly: NestedTensors broadcast sample dim by sample dim)"
             )
@@ -92,7 +99,7 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
             if d not in n._ragged:
                 ext = int(hs[j][0, d]) if b else 1
                 if ext != 1:
-                    raise ValueError(
+                    raise StructureError(
                         f"{opname}(): dim {d + 1} is ragged in one operand and static with extent {ext} in "
                         "another; only a static extent of 1 broadcasts against a ragged dim"
                     )

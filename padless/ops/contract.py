@@ -29,6 +29,7 @@ from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 
 def per_sample(
@@ -38,11 +39,11 @@ def per_sample(
     b = operands[0].batch_size
     for o in operands[1:]:
         if o.batch_size != b:
-            raise ValueError(f"{op}(): batch sizes differ: {b} vs {o.batch_size}")
+            raise StructureError(f"{op}(): batch sizes differ: {b} vs {o.batch_size}")
     per_op = [unbind_samples(o) for o in operands]
     outs = [fn(*[s[i] for s in per_op]) for i in range(b)]
     if not outs:
-        raise ValueError(f"{op}(): empty batch")
+        raise StructureError(f"{op}(): empty batch")
     return from_list(outs, ragged_dims=out_ragged, keep_history=True)
 
 
@@ -54,7 +55,7 @@ def _matmul_nested_dense(op: str, a: NestedTensor, w: Tensor) -> Tensor:
     """Contract a's last sample dim (static) with a dense matrix or vector."""
     d = a.sample_dim - 1
     if d in a._ragged:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): the contracted dim (last of the NestedTensor) is ragged; multiply by another "
             "NestedTensor with the same ragged extent, or transpose the static features last"
         )
@@ -75,10 +76,10 @@ def _matmul_nested_dense(op: str, a: NestedTensor, w: Tensor) -> Tensor:
 def _matmul_dense_nested(op: str, w: Tensor, b: NestedTensor) -> Tensor:
     """Dense matrix @ NestedTensor contracting b's second-to-last sample dim (static)."""
     if b.sample_dim < 2:
-        raise ValueError(f"{op}(): dense @ NestedTensor needs samples of rank >= 2 (got rank {b.sample_dim})")
+        raise StructureError(f"{op}(): dense @ NestedTensor needs samples of rank >= 2 (got rank {b.sample_dim})")
     d = b.sample_dim - 2
     if d in b._ragged or w.dim() != 2:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): dense @ NestedTensor contracts the second-to-last sample dim, which must be "
             f"static, with a 2-D matrix (dim {d + 1} ragged: {d in b._ragged}, matrix shape {tuple(w.shape)})"
         )
@@ -94,7 +95,7 @@ def _matmul_out_ragged(a: NestedTensor, b: NestedTensor) -> tuple[int, ...]:
     """Ragged dims of matmul(a, b) per sample: broadcast batch dims, then M (from a), N (from b)."""
     ra, rb = a.sample_dim, b.sample_dim
     if ra < 2 or rb < 2:
-        raise ValueError(f"matmul(): NestedTensor @ NestedTensor needs samples of rank >= 2 (got {ra}, {rb})")
+        raise StructureError(f"matmul(): NestedTensor @ NestedTensor needs samples of rank >= 2 (got {ra}, {rb})")
     n = max(ra, rb)
     ragged = set()
     for d in range(n - 2):
@@ -138,7 +139,7 @@ def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kw
         raise TypeError(f"bmm(): unexpected keyword arguments {sorted(kwargs)}")
     for x in (a, b):
         if not isinstance(x, NestedTensor) or x.sample_dim != 2:
-            raise ValueError("bmm(): expects two NestedTensors with 2-D samples (use matmul for other ranks)")
+            raise StructureError("bmm(): expects two NestedTensors with 2-D samples (use matmul for other ranks)")
     return per_sample("bmm", torch.mm, [a, b], _matmul_out_ragged(a, b))
 
 
@@ -173,7 +174,7 @@ def einsum(func, equation: str, *operands) -> Tensor:
         )
     for s, o in zip(ins, operands):
         if len(s) != o.dim():
-            raise ValueError(f"einsum(): operand {s!r} has {len(s)} indices but the NestedTensor has {o.dim()} dims")
+            raise StructureError(f"einsum(): operand {s!r} has {len(s)} indices but the NestedTensor has {o.dim()} dims")
     ragged_letters = {s[1 + d] for s, o in zip(ins, operands) for d in o._ragged}
     summed = [c for c in dict.fromkeys("".join(ins)) if c not in out]
     order = list(out) + summed

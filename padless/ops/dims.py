@@ -15,6 +15,7 @@ from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, samp
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 
 @implements(torch.unsqueeze, torch.Tensor.unsqueeze)
@@ -22,7 +23,7 @@ def unsqueeze(func, nt: NestedTensor, dim: int) -> NestedTensor:
     """Insert a static dim of extent 1; ``(N_i, C).unsqueeze(2) -> (N_i, 1, C)``."""
     d = outer_dim(nt, dim, "unsqueeze", extra=1)
     if d == 0:
-        raise ValueError("unsqueeze(): cannot insert a dim before the batch dim of a NestedTensor")
+        raise StructureError("unsqueeze(): cannot insert a dim before the batch dim of a NestedTensor")
     p = d - 1
     dims = keep_all(nt)
     vpos = 1 + sum(1 for kind, _ in dims[:p] if kind == STATIC)
@@ -98,9 +99,9 @@ def permute(func, nt: NestedTensor, *dims) -> NestedTensor:
         raise ValueError(f"permute(): expected {n} dims (batch included), got {tuple(dims)}")
     outer = [outer_dim(nt, d, "permute") for d in dims]
     if sorted(outer) != list(range(n)):
-        raise ValueError(f"permute(): dims {tuple(dims)} are not a permutation of 0..{n - 1}")
+        raise StructureError(f"permute(): dims {tuple(dims)} are not a permutation of 0..{n - 1}")
     if outer[0] != 0:
-        raise ValueError("permute(): the batch dim of a NestedTensor must stay first (dims[0] must be 0)")
+        raise StructureError("permute(): the batch dim of a NestedTensor must stay first (dims[0] must be 0)")
     return _permute_samples(nt, [d - 1 for d in outer[1:]])
 
 
@@ -109,7 +110,7 @@ def movedim(func, nt: NestedTensor, source, destination) -> NestedTensor:
     src = [source] if isinstance(source, int) else list(source)
     dst = [destination] if isinstance(destination, int) else list(destination)
     if len(src) != len(dst):
-        raise ValueError(f"movedim(): source {source} and destination {destination} differ in length")
+        raise StructureError(f"movedim(): source {source} and destination {destination} differ in length")
     s = [sample_dim(nt, d, "movedim") for d in src]
     t = [sample_dim(nt, d, "movedim") for d in dst]
     n = nt.sample_dim

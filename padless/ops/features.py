@@ -34,6 +34,7 @@ from padless.ops.structure import STATIC, keep_all, restructure, sample_dim, val
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -51,7 +52,7 @@ def _static_values_dim(op: str, nt: NestedTensor, dim: int) -> int:
     s = sample_dim(nt, dim, op)
     if s in nt._ragged:
         static = [d + 1 for d in range(nt.sample_dim) if d not in nt._ragged]
-        raise ValueError(
+        raise StructureError(
             f"{op}(): dim {dim} is ragged (sample dim {s}); {op} acts along a static dim, "
             f"and this NestedTensor's static dims are {static} (e.g. dim=-1 for features last)"
         )
@@ -100,7 +101,7 @@ def group_norm(
     """
     _dense_only("group_norm", weight=weight, bias=bias)
     if x.sample_dim < 1 or 0 in x._ragged:
-        raise ValueError(
+        raise StructureError(
             "group_norm(): dim 1 (the channel dim) is ragged; group_norm needs channels-first samples "
             "(C, *spatial) with a static C, e.g. images (C, H_i, W_i). For (L_i, C) sequences, "
             "transpose first: x.transpose(1, 2)"

@@ -14,13 +14,14 @@ from torch import Tensor
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 
 def _trailing_static(name: str, nt: NestedTensor, k: int) -> None:
     d = nt.sample_dim
     for j in range(d - k, d):
         if j in nt._ragged:
-            raise ValueError(
+            raise StructureError(
                 f"{name}(): sample dim {j} is ragged, but {name} acts on the last {k} dim(s); "
                 "transpose/permute the features to the end first (e.g. x.transpose(1, 2))"
             )

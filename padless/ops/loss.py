@@ -42,6 +42,7 @@ from padless.ops.structure import keep_all, restructure, values_dim
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor, _structure_mismatch, check_same_structure
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 
 def _reduction_mode(op: str, reduction: str, size_average: bool | None = None, reduce: bool | None = None) -> str:
@@ -74,7 +75,7 @@ def _class_dim(op: str, x: Tensor, target: Tensor, allow_probs: bool) -> tuple[i
     d = x.sample_dim
     ends = sorted({0, d - 1} - set(x._ragged)) if d else []
     if not ends:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): input samples have ragged dims {x.ragged_dims} at both ends; the class dim must be a "
             "static first sample dim (torch's (C, d1, ...)) or a static last one ((N_i, C))"
         )
@@ -87,10 +88,10 @@ def _class_dim(op: str, x: Tensor, target: Tensor, allow_probs: bool) -> tuple[i
                             f"floating point, got {target.dtype}")
         check_same_structure(op, x, target)
         if len(ends) > 1:
-            raise ValueError(_ambiguous(op, x))
+            raise StructureError(_ambiguous(op, x))
         return ends[0], True
     if target.sample_dim != d - 1:
-        raise ValueError(f"{op}(): target has rank {target.sample_dim + 1}, input has rank {d + 1}; class-index "
+        raise StructureError(f"{op}(): target has rank {target.sample_dim + 1}, input has rank {d + 1}; class-index "
                          f"targets have rank {d} (the input without its class dim)")
     if target.dtype.is_floating_point or target.dtype == torch.bool:
         raise TypeError(f"{op}(): class-index targets must be an integer NestedTensor, got {target.dtype}")
@@ -102,9 +103,9 @@ def _class_dim(op: str, x: Tensor, target: Tensor, allow_probs: bool) -> tuple[i
         else:
             reasons.append(f"without dim {c + 1}: {msg}")
     if len(fits) > 1:
-        raise ValueError(_ambiguous(op, x))
+        raise StructureError(_ambiguous(op, x))
     if not fits:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): target (ragged dims {target.ragged_dims}) does not match the input without its class dim ("
             + "; ".join(reasons) + "). The class dim is dim 1 (torch's (B, C, d1, ...)) or the last dim "
             "((B, N_i, C)); the target must have the input's structure with that dim removed"
@@ -187,7 +188,7 @@ def _rows(op: str, name: str, t: Tensor | None, ref: NestedTensor, expand: bool 
     except RuntimeError:
         got = None
     if got != want:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): {name} of shape {tuple(t.shape)} does not broadcast to the NestedTensor's elements "
             f"(rows of static shape {tuple(want[1:])}); give a NestedTensor of the same structure or a dense "
             "tensor over the static dims"

@@ -31,6 +31,7 @@ from padless.ops.shape import from_host_structure, host_structure
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
+from padless.tensor.errors import StructureError
 
 __all__ = ["patch_grid", "patchify", "unpatchify"]
 
@@ -48,7 +49,7 @@ def _check_images(op: str, nt: NestedTensor) -> None:
     if not isinstance(nt, NestedTensor):
         raise TypeError(f"{op}(): expected a NestedTensor of images (C, H_i, W_i), got {type(nt).__name__}")
     if nt.sample_dim != 3 or nt._ragged != (1, 2):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): expected images (C, H_i, W_i) with ragged sample dims (1, 2) stored in that order, got samples "
             f"of rank {nt.sample_dim} with ragged sample dims stored as {nt._ragged} (envelope {tuple(nt.shape)})"
         )
@@ -66,7 +67,7 @@ def _patch_index(op: str, hs: Tensor, ho: Tensor, kh: int, kw: int, exact: bool)
         bad = ((hw[:, 0] % kh) | (hw[:, 1] % kw)).nonzero()
         if len(bad):
             i = int(bad[0, 0])
-            raise ValueError(
+            raise StructureError(
                 f"{op}(): sample {i} has size {_fmt_shape(hs[i].tolist())}; its height and width must be "
                 f"multiples of the patch ({kh}, {kw}). Crop or resize it first."
             )
@@ -142,10 +143,10 @@ def unpatchify(tokens: NestedTensor, patch: Patch, image_sizes: Tensor | NestedT
     """
     kh, kw = _pair("unpatchify", "patch", patch)
     if not isinstance(tokens, NestedTensor) or tokens.sample_dim != 2 or tokens._ragged != (0,):
-        raise ValueError("unpatchify(): tokens must be a NestedTensor (N_i, C*ph*pw) ragged along dim 1")
+        raise StructureError("unpatchify(): tokens must be a NestedTensor (N_i, C*ph*pw) ragged along dim 1")
     feat = tokens._values.shape[1]
     if feat % (kh * kw):
-        raise ValueError(f"unpatchify(): {feat} token features are not a multiple of the patch area {kh * kw}")
+        raise StructureError(f"unpatchify(): {feat} token features are not a multiple of the patch area {kh * kw}")
     c = feat // (kh * kw)
     if isinstance(image_sizes, NestedTensor):
         hw = host_structure(image_sizes, "unpatchify")[0][:, -2:]
@@ -162,7 +163,7 @@ def unpatchify(tokens: NestedTensor, patch: Patch, image_sizes: Tensor | NestedT
     bad = ((ths[:, 0] != want) | (hw[:, 0] % kh != 0) | (hw[:, 1] % kw != 0)).nonzero()
     if len(bad):
         i = int(bad[0, 0])
-        raise ValueError(
+        raise StructureError(
             f"unpatchify(): sample {i} has {int(ths[i, 0])} tokens, but an image of size "
             f"{tuple(hw[i].tolist())} cut into ({kh}, {kw}) patches has {int(want[i])} (sides must be multiples)"
         )

@@ -27,6 +27,7 @@ from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 __all__ = ["pad_ragged", "pixel_shuffle", "pixel_unshuffle", "unfold"]
 
@@ -51,7 +52,7 @@ def _check_std_images(op: str, nt: NestedTensor) -> bool:
     """True for ``(C, H_i, W_i)`` images with a static C and ragged ``(H, W)`` stored row-major,
     the layout the one-permutation path handles; other layouts go by sample shape."""
     if nt.sample_dim < 3:
-        raise ValueError(f"{op}(): samples must be (*, C, H, W) with at least 3 dims, got rank {nt.sample_dim} (envelope {tuple(nt.shape)})")
+        raise StructureError(f"{op}(): samples must be (*, C, H, W) with at least 3 dims, got rank {nt.sample_dim} (envelope {tuple(nt.shape)})")
     return nt.sample_dim == 3 and nt._ragged == (1, 2)
 
 
@@ -78,7 +79,7 @@ def _shuffle_index(nt: NestedTensor, r: int, up: bool) -> tuple[Tensor, Tensor, 
         bad = ((hs[:, 1] % r) | (hs[:, 2] % r)).nonzero()
         if len(bad):
             i = int(bad[0, 0])
-            raise ValueError(
+            raise StructureError(
                 f"{op}(): sample {i} has shape {_fmt_shape(hs[i].tolist())}; its height and width must be "
                 f"divisible by downscale_factor={r} (crop or pad it first)"
             )
@@ -136,7 +137,7 @@ def unfold(func, input: NestedTensor, kernel_size, dilation=1, padding=0, stride
     """``F.unfold`` of every image alone: ``(C, H_i, W_i)`` -> ``(C*kh*kw, L_i)`` sliding blocks,
     ragged along the block dim (one dense call per image size)."""
     if input.sample_dim != 3:
-        raise ValueError(f"unfold(): expected images (C, H_i, W_i), got samples of rank {input.sample_dim} (envelope {tuple(input.shape)})")
+        raise StructureError(f"unfold(): expected images (C, H_i, W_i), got samples of rank {input.sample_dim} (envelope {tuple(input.shape)})")
     return apply_by_shape(
         "unfold", input, lambda dense, key: F.unfold(dense, kernel_size, dilation, padding, stride), out_ragged=(1,)
     )

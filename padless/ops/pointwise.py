@@ -29,6 +29,7 @@ from torch import Tensor
 
 from padless.tensor.core import NestedTensor, _structure_mismatch, wrap_like
 from padless.tensor.registry import FAST_POINTWISE, implements_aten
+from padless.tensor.errors import StructureError
 
 aten = torch.ops.aten
 
@@ -44,14 +45,14 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
         return d  # broadcasts against values (T, *static) as it is
     nd = len(ref._env) + 1
     if d.dim() > nd:
-        raise ValueError(
+        raise StructureError(
             f"{opname}(): a dense operand of shape {tuple(d.shape)} has more dims than the "
             f"NestedTensor (envelope {tuple(ref.shape)}); broadcasting would add a batch dim"
         )
     aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
     for r in ref._ragged:
         if aligned[1 + r] != 1:
-            raise ValueError(
+            raise StructureError(
                 f"{opname}(): a dense operand of shape {tuple(d.shape)} spans ragged dim {r + 1} "
                 f"(size {aligned[1 + r]}); a dense tensor can only broadcast over ragged dims with "
                 "size 1. Make it a NestedTensor of the same structure, or reduce that dim."
@@ -62,7 +63,7 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
     if b == 1:
         return rows
     if b != ref.batch_size:
-        raise ValueError(
+        raise StructureError(
             f"{opname}(): a dense operand of shape {tuple(d.shape)} has {b} entries on the batch dim, "
             f"the NestedTensor has {ref.batch_size} samples"
         )
@@ -115,7 +116,7 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
 
         p = broadcast.plan(str(opname), nts)
         if inplace and (p.rows[0] is not None or p.squeeze[0]):
-            raise ValueError(
+            raise StructureError(
                 f"{opname}(): an in-place op cannot change the structure of its first operand "
                 f"(ragged dims {ref.ragged_dims}) to the broadcast result's {p.template.ragged_dims}"
             )
@@ -146,7 +147,7 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
             new_kwargs[k] = a
     if inplace:
         if not isinstance(args[0], NestedTensor):
-            raise ValueError(
+            raise StructureError(
                 f"{opname}(): an in-place op on a dense tensor cannot take a NestedTensor operand "
                 "(the result would need the ragged structure)"
             )

@@ -83,7 +83,7 @@ def _one_dim(nt: NestedTensor, dim, op: str) -> int:
         raise TypeError(f"{op}(): dim must be one int, got {dim!r}")
     dims = _dims(nt, dim, op)
     if dims is None:  # a single-dim NestedTensor has only the batch dim left
-        raise ValueError(f"{op}(): dim must name a dim inside the samples, got {dim}")
+        raise StructureError(f"{op}(): dim must name a dim inside the samples, got {dim}")
     return dims[0]
 
 
@@ -132,7 +132,7 @@ def _reduction(
     if batch is not None:  # batch + every ragged dim: all rows together, then the static dims listed
         vals = values_of(nt)
         if needs_nonempty and vals.shape[0] == 0:
-            raise ValueError(f"{op}(): the NestedTensor holds no element; {op} of nothing is undefined")
+            raise StructureError(f"{op}(): the NestedTensor holds no element; {op} of nothing is undefined")
         if len(batch) == nt.sample_dim + 1:
             res = on_all(vals)
         else:
@@ -143,7 +143,7 @@ def _reduction(
     vals = values_of(nt)
     if sdims is None:
         if needs_nonempty and vals.numel() == 0:
-            raise ValueError(f"{op}(): the NestedTensor holds no element; {op} of nothing is undefined")
+            raise StructureError(f"{op}(): the NestedTensor holds no element; {op} of nothing is undefined")
         return on_all(vals)
     ragged, static = _split(nt, sdims)
     if static:
@@ -275,7 +275,7 @@ def _max_min(op: str, largest: bool):
         if dim is None:
             v = values_of(nt)
             if v.numel() == 0:
-                raise ValueError(f"{op}(): the NestedTensor holds no element")
+                raise StructureError(f"{op}(): the NestedTensor holds no element")
             return v.max() if largest else v.min()
         values, indices = _arg_extreme(op, nt, dim, keepdim, largest)
         ret = torch.return_types.max if largest else torch.return_types.min
@@ -302,7 +302,7 @@ def _arg(op: str, largest: bool):
                 )
             v = values_of(nt)
             if v.numel() == 0:
-                raise ValueError(f"{op}(): the NestedTensor holds no element")
+                raise StructureError(f"{op}(): the NestedTensor holds no element")
             idx = v.argmax() if largest else v.argmin()
             return idx.reshape([1] * (nt.sample_dim + 1)) if keepdim else idx
         return _arg_extreme(op, nt, dim, keepdim, largest)[1]
@@ -449,7 +449,7 @@ def norm(func, nt: NestedTensor, p="fro", dim=None, keepdim: bool = False, dtype
 
 def _softmax_impl(op: str, nt: NestedTensor, dim, dtype, log: bool) -> NestedTensor:
     if dim is None:
-        raise ValueError(f"{op}(): dim is required for a NestedTensor (no implicit dim choice)")
+        raise StructureError(f"{op}(): dim is required for a NestedTensor (no implicit dim choice)")
     d = _one_dim(nt, dim, op)
     vals = values_of(nt)
     if dtype is not None:

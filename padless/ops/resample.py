@@ -50,7 +50,7 @@ __all__ = ["interpolate", "per_image_sizes"]
 def _spatial_rank(op: str, x: NestedTensor) -> int:
     k = x.sample_dim - 1
     if k not in (1, 2, 3):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): samples must be (C, *spatial) with 1 to 3 spatial dims, as F.interpolate expects "
             f"without its batch dim; got samples of rank {x.sample_dim} (envelope {tuple(x.shape)})"
         )

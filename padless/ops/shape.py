@@ -39,6 +39,7 @@ from padless.tensor.core import (
     envelope_from_sizes,
 )
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -138,13 +139,13 @@ def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]
     """New sample dims for ``reshape``/``view`` (see :func:`reshape` for the rule)."""
     b, d = nt.batch_size, nt.sample_dim
     if len(target) == 0 or target[0] not in (-1, b):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): the target shape {tuple(target)} must keep the batch dim first "
             f"(as {b} or -1); a NestedTensor's samples cannot be merged or split"
         )
     rest = target[1:]
     if any(e < -1 for e in rest):
-        raise ValueError(f"{op}(): invalid target shape {tuple(target)}")
+        raise StructureError(f"{op}(): invalid target shape {tuple(target)}")
     rag = sorted(nt._ragged)
     runs, cur = [], 1
     for s in range(d):
@@ -171,7 +172,7 @@ def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]
 
     search(0, 0, [], 0, True)
     if not found:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): cannot reshape a NestedTensor of envelope {tuple(nt.shape)} with ragged outer dims "
             f"{tuple(r + 1 for r in rag)} to {tuple(target)}: the batch dim and every ragged dim must stay, "
             f"in order, written as -1 or their envelope extent, and each run of static dims between "
@@ -181,7 +182,7 @@ def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]
     best = max(score for score, _ in found)
     picks = [dims for score, dims in found if score == best]
     if len(picks) > 1:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): target shape {tuple(target)} is ambiguous for ragged outer dims "
             f"{tuple(r + 1 for r in rag)} of envelope {tuple(nt.shape)}; write each ragged dim as -1"
         )
@@ -212,7 +213,7 @@ def reshape(func, nt: NestedTensor, *shape) -> NestedTensor:
 
 def _view_dtype(nt: NestedTensor, dtype: torch.dtype) -> NestedTensor:
     if nt.sample_dim == 0 or nt.sample_dim - 1 in nt._ragged:
-        raise ValueError(
+        raise StructureError(
             f"view(): viewing as {dtype} rescales the last dim, which must be static "
             f"(ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)})"
         )
@@ -235,7 +236,7 @@ def _check_ragged_match(op: str, nt: NestedTensor, other: NestedTensor) -> None:
     torch.compile only the count of ragged dims can be checked (sizes are runtime data)."""
     ra, rb = sorted(nt._ragged), sorted(other._ragged)
     if len(ra) != len(rb) or nt.batch_size != other.batch_size:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): ragged structures differ: ragged sample dims {nt.ragged_dims} vs {other.ragged_dims}, "
             f"batch sizes {nt.batch_size} vs {other.batch_size}"
         )
@@ -245,7 +246,7 @@ def _check_ragged_match(op: str, nt: NestedTensor, other: NestedTensor) -> None:
     bad = (hs[:, ra] != ho[:, rb]).any(1).nonzero()
     if len(bad):
         i = int(bad[0, 0])
-        raise ValueError(
+        raise StructureError(
             f"{op}(): ragged structures differ: sample {i} has {_fmt_shape(hs[i].tolist())}, "
             f"other has {_fmt_shape(ho[i].tolist())}"
         )
@@ -265,7 +266,7 @@ def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> Ne
     if s == e:
         return nt
     if s == 0:
-        raise ValueError(
+        raise StructureError(
             f"flatten(): dims {s}..{e} include the batch dim (0); a NestedTensor keeps its batch dim. "
             "Use flatten(1) to flatten each sample, or x.values() for the packed rows."
         )
@@ -279,7 +280,7 @@ def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> Ne
         return restructure(nt, vals, new)
     if len(rag) != len(span):
         static = [p + 1 for p in span if p not in nt._ragged]
-        raise ValueError(
+        raise StructureError(
             f"flatten(): dims {s}..{e} mix ragged dims {tuple(p + 1 for p in rag)} with static dims "
             f"{tuple(static)}; only all-static or all-ragged spans can be flattened "
             f"(ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)}). Move the static dims out first "
@@ -287,7 +288,7 @@ def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> Ne
         )
     q = nt._ragged.index(span[0])
     if tuple(nt._ragged[q : q + len(span)]) != tuple(span):
-        raise ValueError(
+        raise StructureError(
             f"flatten(): ragged dims {s}..{e} are stored in order {tuple(r + 1 for r in nt._ragged)} "
             "(they were transposed), so their elements are not adjacent in each sample's rows"
         )
@@ -323,12 +324,12 @@ def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTens
     the batch dim and ragged dims must be ``-1`` or their current extent."""
     target = _ints("expand", "size", _shape_arg(sizes))
     if len(target) != nt.dim():
-        raise ValueError(
+        raise StructureError(
             f"expand(): target {tuple(target)} must have {nt.dim()} entries (batch included); "
             "a NestedTensor cannot grow new leading dims"
         )
     if target[0] not in (-1, nt.batch_size):
-        raise ValueError(f"expand(): the batch dim must stay {nt.batch_size} (or -1), got {target[0]}")
+        raise StructureError(f"expand(): the batch dim must stay {nt.batch_size} (or -1), got {target[0]}")
     dims = keep_all(nt)
     for p, t in enumerate(target[1:]):
         kind, n = dims[p]
@@ -337,7 +338,7 @@ def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTens
         if kind == RAGGED:
             raise _ragged_error("expand", nt, p + 1, f"it cannot be expanded to {t}")
         if t != n and n != 1:
-            raise ValueError(f"expand(): static dim {p + 1} has extent {n}; only extent-1 dims expand (to {t})")
+            raise StructureError(f"expand(): static dim {p + 1} has extent {n}; only extent-1 dims expand (to {t})")
         dims[p] = (STATIC, t)
     vals = values_of(nt)
     return restructure(nt, vals.expand(vals.shape[0], *[n for kind, n in dims if kind == STATIC]), dims)
@@ -360,7 +361,7 @@ def pad(func, nt: NestedTensor, pad: Sequence[int], mode: str = "constant", valu
     pads = _ints("pad", "pad", pad)
     d = nt.sample_dim
     if len(pads) % 2 or len(pads) // 2 > d:
-        raise ValueError(f"pad(): pad {tuple(pads)} must have an even length of at most 2 * {d} (sample dims)")
+        raise StructureError(f"pad(): pad {tuple(pads)} must have an even length of at most 2 * {d} (sample dims)")
     dims = keep_all(nt)
     per_dim: dict[int, tuple[int, int]] = {}
     for j in range(len(pads) // 2):
@@ -425,7 +426,7 @@ def split(func, nt: NestedTensor, split_size_or_sections, dim: int = 0) -> tuple
     if not isinstance(split_size_or_sections, int) and outer_dim(nt, dim, "split") == 0:
         total = sum(split_size_or_sections)
         if total != nt.batch_size:
-            raise ValueError(f"split(): sections {tuple(split_size_or_sections)} sum to {total}, the batch has {nt.batch_size} samples")
+            raise StructureError(f"split(): sections {tuple(split_size_or_sections)} sum to {total}, the batch has {nt.batch_size} samples")
     return _split_like("split", nt, dim, lambda t, d: torch.split(t, split_size_or_sections, d))
 
 

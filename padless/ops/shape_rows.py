@@ -29,6 +29,7 @@ from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.convert import select_samples
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, check_same_structure
 from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
 
 
 def _host_int(op: str, what: str, x: Any) -> int:
@@ -108,7 +109,7 @@ def relayout(nt: NestedTensor, ragged_order: Sequence[int]) -> NestedTensor:
     batch contiguous again. One row gather through host metadata; differentiable."""
     order = tuple(ragged_order)
     if sorted(order) != sorted(nt._ragged):
-        raise ValueError(f"relayout(): {order} is not a permutation of the ragged dims {nt._ragged}")
+        raise StructureError(f"relayout(): {order} is not a permutation of the ragged dims {nt._ragged}")
     if order == nt._ragged:
         return nt
     hs, ho = host_structure(nt, "relayout")
@@ -121,7 +122,7 @@ def _same_static(op: str, ts: Sequence[NestedTensor], skip: int | None = None) -
     t0 = ts[0]
     for j, t in enumerate(ts[1:], 1):
         if t.sample_dim != t0.sample_dim or t._ragged != t0._ragged:
-            raise ValueError(
+            raise StructureError(
                 f"{op}(): input {j} has sample rank {t.sample_dim} and ragged dims stored as "
                 f"{t._ragged}; input 0 has {t0.sample_dim} and {t0._ragged}"
             )
@@ -129,7 +130,7 @@ def _same_static(op: str, ts: Sequence[NestedTensor], skip: int | None = None) -
         if skip is not None:
             a[skip - 1], b[skip - 1] = 0, 0
         if a != b:
-            raise ValueError(
+            raise StructureError(
                 f"{op}(): static dims differ: input 0 has static extents {tuple(t0._values.shape[1:])}, "
                 f"input {j} has {tuple(t._values.shape[1:])}"
             )
@@ -186,11 +187,11 @@ def _cat_ragged(ts: list[NestedTensor], p: int) -> NestedTensor:
     others = [c for c in range(t0.sample_dim) if c != p]
     for j, (hs, _) in enumerate(hosts[1:], 1):
         if hs.shape[0] != t0.batch_size:
-            raise ValueError(f"cat(): batch sizes differ: input 0 has {t0.batch_size} samples, input {j} has {hs.shape[0]}")
+            raise StructureError(f"cat(): batch sizes differ: input 0 has {t0.batch_size} samples, input {j} has {hs.shape[0]}")
         bad = (hs[:, others] != hosts[0][0][:, others]).any(1).nonzero()
         if len(bad):
             i = int(bad[0, 0])
-            raise ValueError(
+            raise StructureError(
                 f"cat(): along ragged dim {p + 1} every other dim must agree per sample: sample {i} has "
                 f"{_fmt_shape(hosts[0][0][i].tolist())} in input 0 and {_fmt_shape(hs[i].tolist())} in input {j}"
             )
@@ -225,7 +226,7 @@ def stack(func, tensors: Sequence[Tensor], dim: int = 0, *, out=None) -> NestedT
     ts = _nested_inputs("stack", tensors)
     o = outer_dim(ts[0], dim, "stack", extra=1)
     if o == 0:
-        raise ValueError(
+        raise StructureError(
             "stack(): dim 0 would add a dim in front of the batch dim of a NestedTensor; "
             "use torch.cat(tensors, dim=0) to join batches, or a dim >= 1 to stack inside every sample"
         )
@@ -264,7 +265,7 @@ def gather(func, nt: NestedTensor, dim: int, index: Tensor, *, sparse_grad: bool
     if index.dtype != torch.int64:
         raise TypeError(f"gather(): index must be int64, got {index.dtype}")
     if index.sample_dim != nt.sample_dim or index._ragged != nt._ragged or index.batch_size != nt.batch_size:
-        raise ValueError(
+        raise StructureError(
             f"gather(): index (batch {index.batch_size}, rank {index.sample_dim}, ragged dims stored as "
             f"{index._ragged}) must match the input (batch {nt.batch_size}, rank {nt.sample_dim}, {nt._ragged})"
         )
@@ -284,7 +285,7 @@ def gather(func, nt: NestedTensor, dim: int, index: Tensor, *, sparse_grad: bool
     bad = (hs[:, rag] != his[:, rag]).any(1).nonzero()
     if len(bad):
         i = int(bad[0, 0])
-        raise ValueError(
+        raise StructureError(
             f"gather(): index sample {i} has {_fmt_shape(his[i].tolist())}, input has "
             f"{_fmt_shape(hs[i].tolist())}; they may differ only along dim {o} and in static extents"
         )

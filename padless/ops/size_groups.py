@@ -30,6 +30,7 @@ from padless.ops.shape import from_host_structure, host_structure
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
+from padless.tensor.errors import StructureError
 
 __all__ = ["apply_by_shape", "shape_groups"]
 
@@ -50,7 +51,7 @@ def shape_groups(nt: NestedTensor, op: str, keys: Sequence[Hashable] | None = No
     hs, ho = host_structure(nt, op)
     shapes = [tuple(s) for s in hs.tolist()]
     if keys is not None and len(keys) != len(shapes):
-        raise ValueError(f"{op}(): {len(keys)} per-sample entries given for a batch of {len(shapes)} samples")
+        raise StructureError(f"{op}(): {len(keys)} per-sample entries given for a batch of {len(shapes)} samples")
     by: dict[tuple, list[int]] = {}
     for i, s in enumerate(shapes):
         by.setdefault((s, None if keys is None else keys[i]), []).append(i)
@@ -114,7 +115,7 @@ def apply_by_shape(
     groups = shape_groups(nt, op, keys)
     b = nt.batch_size
     if b == 0:
-        raise ValueError(f"{op}(): the batch has no samples; there is no sample shape to run the op on")
+        raise StructureError(f"{op}(): the batch has no samples; there is no sample shape to run the op on")
     pieces: list[Tensor] = []
     out_shapes: list[tuple[int, ...]] = [()] * b
     statics: set[tuple[int, ...]] = set()
@@ -131,7 +132,7 @@ def apply_by_shape(
         statics.add(tuple(out.shape[1 + s] for s in layout.static_dims(out.dim() - 1, ragged)))
         pieces.append(_to_rows(out, ragged))
     if len(statics) > 1:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): the outputs of different samples differ in the static dims {sorted(statics)}; "
             "a static dim must have one extent for the whole batch (make the dims that vary ragged)"
         )

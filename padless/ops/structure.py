@@ -17,7 +17,8 @@ from torch import Tensor
 
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values
-from padless.tensor.core import NestedTensor, StructureMeta, _is_traced
+from padless.tensor.core import ROW_LEVEL_KEYS, NestedTensor, StructureMeta, _is_traced
+from padless.tensor.errors import StructureError
 
 RAGGED = "r"
 STATIC = "s"
@@ -25,7 +26,7 @@ DimSpec = tuple[str, int]  # (RAGGED, old sample dim) or (STATIC, size)
 
 # Derived metadata that depends on rows only (not on the sample shapes), so it can be
 # shared by every structure with the same rows.
-_ROW_KEYS = ("row_ids", "cu_seqlens")
+_ROW_KEYS = ROW_LEVEL_KEYS
 
 
 def outer_dim(nt: NestedTensor, dim: int, op: str, *, extra: int = 0) -> int:
@@ -42,7 +43,7 @@ def sample_dim(nt: NestedTensor, dim: int, op: str) -> int:
     """Outer dim -> sample dim; the batch dim is refused with an explanation."""
     d = outer_dim(nt, dim, op)
     if d == 0:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): dim 0 is the batch dim of a NestedTensor; samples have different shapes, "
             f"so {op} across samples is not defined. Use a dim >= 1 (a dim inside every sample)."
         )

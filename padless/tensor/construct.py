@@ -11,6 +11,7 @@ from torch import Tensor
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values
 from padless.tensor.core import NestedTensor, StructureMeta, envelope_from_sizes, mark_dynamic
+from padless.tensor.errors import StructureError
 
 # ---------------------------------------------------------------------------- shared pieces
 
@@ -23,13 +24,13 @@ def _norm_dims(dims: Sequence[int] | int, ndim: int, what: str) -> tuple[int, ..
         if not isinstance(d, int) or isinstance(d, bool):
             raise TypeError(f"{what}: ragged_dims must be ints (sample dims, batch excluded), got {d!r}")
         if not -ndim <= d < ndim:
-            raise ValueError(
+            raise StructureError(
                 f"{what}: ragged dim {d} is out of range for samples of rank {ndim} "
                 f"(ragged_dims count sample dims, batch excluded)"
             )
         out.append(d % ndim)
     if len(set(out)) != len(out):
-        raise ValueError(f"{what}: ragged_dims {tuple(dims)} repeats a dim")
+        raise StructureError(f"{what}: ragged_dims {tuple(dims)} repeats a dim")
     return tuple(sorted(out))
 
 
@@ -86,7 +87,7 @@ def infer_ragged(shapes: Sequence[tuple[int, ...]], ragged_dims, what: str) -> t
     ndim = len(shapes[0])
     for i, s in enumerate(shapes):
         if len(s) != ndim:
-            raise ValueError(
+            raise StructureError(
                 f"{what}: samples must share one rank: sample {i} has shape {tuple(s)} "
                 f"(rank {len(s)}), sample 0 has shape {tuple(shapes[0])} (rank {ndim})"
             )
@@ -101,7 +102,7 @@ def infer_ragged(shapes: Sequence[tuple[int, ...]], ragged_dims, what: str) -> t
             continue
         for i, s in enumerate(shapes):
             if s[d] != shapes[0][d]:
-                raise ValueError(
+                raise StructureError(
                     f"{what}: sample {i} has size {s[d]} at dim {d}, sample 0 has {shapes[0][d]}; "
                     f"dim {d} is static (declared ragged_dims={ragged}). Declare it ragged "
                     f"(ragged_dims={tuple(sorted(ragged + (d,)))}) or fix sample {i}."
@@ -145,7 +146,7 @@ def from_list(
         raise TypeError(f"{what}: expected a list or tuple of samples, got {type(samples).__name__}")
     if len(samples) == 0:
         if dtype is None or sample_shape is None:
-            raise ValueError(
+            raise StructureError(
                 f"{what}: an empty list needs dtype= and sample_shape= (None marks a ragged dim), "
                 "e.g. sample_shape=(None, 8), dtype=torch.float32"
             )
@@ -160,7 +161,7 @@ def from_list(
         dev0 = ts[0].device
         for i, t in enumerate(ts):
             if t.device != dev0:
-                raise ValueError(
+                raise StructureError(
                     f"{what}: samples are on different devices: sample {i} is on {t.device}, "
                     f"sample 0 on {dev0}; move them to one device or pass device="
                 )
@@ -221,7 +222,7 @@ def _mask_lengths(mask: Tensor, what: str) -> Tensor:
     bad = (rebuilt != mask).reshape(b, -1).any(1)
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
-        raise ValueError(
+        raise StructureError(
             f"{what}: mask is not a prefix mask: sample {i} has a True after a False "
             f"(padless packs the leading valid block of every sample; mask shape {tuple(mask.shape)}). "
             "Use padless.nested.masked_select to pack arbitrary selected elements."
@@ -254,9 +255,9 @@ def from_padded(
     if not isinstance(padded, Tensor) or isinstance(padded, NestedTensor):
         raise TypeError(f"{what}: padded must be a dense tensor, got {type(padded).__name__}")
     if padded.dim() < 2:
-        raise ValueError(f"{what}: padded must have a batch dim and at least one sample dim, got shape {tuple(padded.shape)}")
+        raise StructureError(f"{what}: padded must have a batch dim and at least one sample dim, got shape {tuple(padded.shape)}")
     if (lengths is None) == (mask is None):
-        raise ValueError(f"{what}: pass exactly one of lengths= or mask=")
+        raise StructureError(f"{what}: pass exactly one of lengths= or mask=")
     b, ndim = padded.shape[0], padded.dim() - 1
     if mask is not None:
         if mask.dtype != torch.bool:
@@ -271,7 +272,7 @@ def from_padded(
         ragged = covered if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
         for j, d in enumerate(covered):
             if d not in ragged and bool((lens[:, j] != padded.shape[d + 1]).any()):
-                raise ValueError(f"{what}: mask varies along dim {d}, which is not in ragged_dims={ragged}")
+                raise StructureError(f"{what}: mask varies along dim {d}, which is not in ragged_dims={ragged}")
         full = torch.tensor(padded.shape[1:], dtype=torch.int64).repeat(b, 1)
         full[:, list(covered)] = lens
     else:
@@ -282,11 +283,11 @@ def from_padded(
         if lens.dim() == 1:
             lens = lens[:, None]
         if lens.dim() != 2 or lens.shape[0] != b:
-            raise ValueError(f"{what}: lengths must be (B,) or (B, R) with B={b}, got shape {tuple(lens.shape)}")
+            raise StructureError(f"{what}: lengths must be (B,) or (B, R) with B={b}, got shape {tuple(lens.shape)}")
         r = lens.shape[1]
         ragged = tuple(range(r)) if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
         if len(ragged) != r:
-            raise ValueError(f"{what}: lengths has {r} column(s) but ragged_dims={ragged} names {len(ragged)} dim(s)")
+            raise StructureError(f"{what}: lengths has {r} column(s) but ragged_dims={ragged} names {len(ragged)} dim(s)")
         full = torch.tensor(padded.shape[1:], dtype=torch.int64).repeat(b, 1)
         full[:, list(ragged)] = lens
     for j, d in enumerate(ragged):
@@ -294,7 +295,7 @@ def from_padded(
         over = (col > padded.shape[d + 1]) | (col < 0)
         if bool(over.any()):
             i = int(over.nonzero()[0, 0])
-            raise ValueError(
+            raise StructureError(
                 f"{what}: lengths and values disagree: sample {i} has length {int(col[i])} along dim {d}, "
                 f"but padded has extent {padded.shape[d + 1]} there"
             )
@@ -334,7 +335,7 @@ def _check_sizes(host_sizes: Tensor, what: str) -> None:
     neg = host_sizes < 0
     if bool(neg.any()):
         i, d = (int(k) for k in neg.nonzero()[0])
-        raise ValueError(
+        raise StructureError(
             f"{what}: sizes must be >= 0: sample {i} has extent {int(host_sizes[i, d])} along dim {d} "
             f"(its shape reads {tuple(host_sizes[i].tolist())})"
         )
@@ -342,19 +343,19 @@ def _check_sizes(host_sizes: Tensor, what: str) -> None:
 
 def _check_offsets(offsets: Tensor, total: int, what: str) -> None:
     if offsets.dim() != 1 or offsets.numel() < 1:
-        raise ValueError(f"{what}: offsets must be 1-D with B+1 entries, got shape {tuple(offsets.shape)}")
+        raise StructureError(f"{what}: offsets must be 1-D with B+1 entries, got shape {tuple(offsets.shape)}")
     require_integer(offsets, "offsets", what)
     o = offsets.cpu()
     if int(o[0]) != 0:
-        raise ValueError(f"{what}: offsets must start at 0, got offsets[0]={int(o[0])}")
+        raise StructureError(f"{what}: offsets must start at 0, got offsets[0]={int(o[0])}")
     d = o[1:] - o[:-1]
     if bool((d < 0).any()):
         i = int((d < 0).nonzero()[0, 0])
-        raise ValueError(
+        raise StructureError(
             f"{what}: offsets must be non-decreasing: offsets[{i}]={int(o[i])} > offsets[{i + 1}]={int(o[i + 1])}"
         )
     if int(o[-1]) != total:
-        raise ValueError(
+        raise StructureError(
             f"{what}: offsets must end at len(values)={total}, but offsets[-1]={int(o[-1])}"
         )
 
@@ -400,10 +401,10 @@ def from_values(
         ndim = sizes.shape[1]
         n_r = ndim - len(static)
         if n_r < 0:
-            raise ValueError(f"{what}: sizes has D={ndim} dims but values has {len(static)} static dims")
+            raise StructureError(f"{what}: sizes has D={ndim} dims but values has {len(static)} static dims")
         ragged = tuple(range(n_r)) if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
         if len(ragged) != n_r:
-            raise ValueError(
+            raise StructureError(
                 f"{what}: ragged_dims={ragged} leaves {ndim - len(ragged)} static dims, values has {len(static)}"
             )
         sizes = sizes.to(torch.int64)
@@ -413,7 +414,7 @@ def from_values(
             sd = layout.static_dims(ndim, ragged)
             if sd and not bool((host_sizes[:, list(sd)] == torch.tensor(static)).all()):
                 bad = int((host_sizes[:, list(sd)] != torch.tensor(static)).any(1).nonzero()[0, 0])
-                raise ValueError(
+                raise StructureError(
                     f"{what}: sample {bad} has shape {tuple(host_sizes[bad].tolist())} but values' static "
                     f"dims are {tuple(static)} (static sample dims {sd})"
                 )
@@ -424,24 +425,24 @@ def from_values(
         elif validate:
             _check_offsets(offsets, total, what)
             if not torch.equal(offsets.cpu().to(torch.int64), derived.cpu()):
-                raise ValueError(f"{what}: offsets disagree with sizes (offsets from sizes: {derived.tolist()})")
+                raise StructureError(f"{what}: offsets disagree with sizes (offsets from sizes: {derived.tolist()})")
         if validate:
             _check_offsets(derived.cpu(), total, what)
     else:
         if (offsets is None) == (lengths is None):
-            raise ValueError(f"{what}: pass offsets= or lengths= (one ragged dim), or sizes= (several)")
+            raise StructureError(f"{what}: pass offsets= or lengths= (one ragged dim), or sizes= (several)")
         if lengths is not None:
             if lengths.dim() != 1:
-                raise ValueError(f"{what}: lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
+                raise StructureError(f"{what}: lengths must be 1-D (B,), got shape {tuple(lengths.shape)}")
             require_integer(lengths, "lengths", what)
             lengths = lengths.to(torch.int64)
             if validate:
                 hl = lengths.cpu()
                 if bool((hl < 0).any()):
                     i = int((hl < 0).nonzero()[0, 0])
-                    raise ValueError(f"{what}: lengths must be >= 0, sample {i} has {int(hl[i])}")
+                    raise StructureError(f"{what}: lengths must be >= 0, sample {i} has {int(hl[i])}")
                 if int(hl.sum()) != total:
-                    raise ValueError(
+                    raise StructureError(
                         f"{what}: lengths and values disagree: lengths sum to {int(hl.sum())} "
                         f"but values has {total} rows"
                     )
@@ -456,7 +457,7 @@ def from_values(
         r = 0 if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
         if isinstance(r, tuple):
             if len(r) != 1:
-                raise ValueError(f"{what}: offsets/lengths describe one ragged dim; for several pass sizes=")
+                raise StructureError(f"{what}: offsets/lengths describe one ragged dim; for several pass sizes=")
             r = r[0]
         ragged = (r,)
         sizes = torch.empty(lengths.shape[0], ndim, dtype=torch.int64, device=lengths.device)
@@ -474,15 +475,15 @@ def from_values(
     if max_seqlen is not None:
         ms = list(max_seqlen) if isinstance(max_seqlen, (list, tuple)) else [max_seqlen]
         if len(ms) != len(ragged):
-            raise ValueError(f"{what}: max_seqlen needs one int per ragged dim {ragged}, got {ms}")
+            raise StructureError(f"{what}: max_seqlen needs one int per ragged dim {ragged}, got {ms}")
         env = [0] * ndim
         real = envelope_from_sizes(host_sizes, ragged, static) if host_sizes is not None else None
         for d, m in zip(ragged, ms):
             if isinstance(m, bool) or not isinstance(m, (int, torch.SymInt)) or (isinstance(m, int) and m < 0):
-                raise ValueError(f"{what}: max_seqlen must be a non-negative int per ragged dim, got {m!r} for dim {d}")
+                raise StructureError(f"{what}: max_seqlen must be a non-negative int per ragged dim, got {m!r} for dim {d}")
             if real is not None and m < real[d]:
                 i = int(host_sizes[:, d].argmax())
-                raise ValueError(
+                raise StructureError(
                     f"{what}: max_seqlen={m} for dim {d} is smaller than sample {i}'s extent {real[d]} there; "
                     f"pass max_seqlen >= {real[d]} or omit it"
                 )

@@ -14,6 +14,7 @@ from torch import Tensor
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, split_rows, values_of
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic
+from padless.tensor.errors import StructureError
 
 
 def _inverse(perm: Sequence[int]) -> list[int]:
@@ -126,7 +127,7 @@ def valid_mask(nt: NestedTensor) -> Tensor:
 def to_njt(nt: NestedTensor) -> Tensor:
     """Convert to a ``torch.nested`` jagged tensor (one ragged dim only). Keeps autograd."""
     if len(nt._ragged) != 1:
-        raise ValueError(
+        raise StructureError(
             f"to_njt(): torch.nested supports one ragged dim; this NestedTensor has {nt.ragged_dims}. "
             "Flatten the ragged dims first or keep it as a padless.NestedTensor."
         )
@@ -246,7 +247,7 @@ def _index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
             new.append(dims[p])
         elif isinstance(e, slice):
             if e.step is not None and e.step <= 0:
-                raise ValueError(f"NestedTensor indexing: slice step must be positive, got {e.step} at dim {p + 1}")
+                raise StructureError(f"NestedTensor indexing: slice step must be positive, got {e.step} at dim {p + 1}")
             new.append((STATIC, len(range(n)[e])))
             vidx.append(e)
         elif isinstance(e, int) and not isinstance(e, bool):
