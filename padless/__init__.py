@@ -13,6 +13,7 @@ from padless.tensor import (
 from padless import ops as _ops  # noqa: F401  (registers the op layer)
 from padless import nested
 from padless.ops import patch_grid, patchify, unpatchify
+from padless.ops.compile_rows import prepare_for_compile
 from padless.collate import Batch, Collator, Field, FlatteningCollator, collate  # noqa: F401  (after the op layer)
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -36,6 +37,7 @@ __all__ = [
     "nested",
     "patch_grid",
     "patchify",
+    "prepare_for_compile",
     "to_njt",
     "to_padded",
     "unpatchify",

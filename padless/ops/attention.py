@@ -59,6 +59,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops import attention_compiled
 from padless.tensor.autograd import rewrap, split_rows, values_of
 from padless.tensor.convert import unbind_samples
 from padless.tensor.core import NestedTensor, _is_traced, _structure_mismatch
@@ -392,6 +393,11 @@ def attention(
         out = _varlen_call(choice.backend, query, key, value, dropout_p, is_causal, scale, enable_gqa)
     elif choice.backend == "flex":
         out = _flex(query, key, value, is_causal, scale, enable_gqa, mask_mod, score_mod)
+    elif _is_traced(query._values) and attention_compiled.traceable(masks, dropout_p, mask_mod, score_mod, enable_gqa):
+        # under torch.compile: one opaque op over the packed rows (host offsets read at run time)
+        out = attention_compiled.packed_sdpa(
+            values_of(query), values_of(key), values_of(value), query._offsets, key._offsets, is_causal, scale
+        )
     else:
         out = _per_sample(query, key, value, masks, dropout_p, is_causal, scale, enable_gqa, mask_mod, score_mod)
     return rewrap(out, query)

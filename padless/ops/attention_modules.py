@@ -35,6 +35,13 @@ from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements
 
 
+#: Metadata reads a SeqFirstView answers about its padded envelope (torch.compile asks for them
+#: when it records the view; they describe the wrapper, never touch data).
+_METADATA = frozenset(
+    ("__get__", "dim", "size", "stride", "storage_offset", "is_contiguous", "ndimension", "nelement", "numel")
+)
+
+
 class SeqFirstView(Tensor):
     """``x.transpose(0, 1)`` of a NestedTensor: envelope ``(L, B, ...)``, for attention modules."""
 
@@ -51,6 +58,14 @@ class SeqFirstView(Tensor):
     def __repr__(self) -> str:  # type: ignore[override]
         return f"SeqFirstView(envelope={tuple(self.shape)}) of {self._nt!r}"
 
+    # torch.compile: the view is a traceable wrapper around its NestedTensor (nothing static).
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["_nt"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner: dict, ctx: None, outer_size, outer_stride) -> "SeqFirstView":
+        return SeqFirstView(inner["_nt"])
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -61,7 +76,7 @@ class SeqFirstView(Tensor):
                 return args[0]._nt
         if func is F.multi_head_attention_forward:
             return multi_head_attention_forward(func, *args, **kwargs)
-        if name in ("__get__", "dim", "size") or func in (torch.Tensor.is_floating_point,):
+        if name in _METADATA or func in (torch.Tensor.is_floating_point,):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         raise RuntimeError(

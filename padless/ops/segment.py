@@ -54,6 +54,12 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
     """Group rows for a reduction over ragged sample dims ``reduced`` (cached per structure)."""
     reduced = tuple(sorted(reduced))
     traced = _is_traced(nt._values)
+    if traced:  # a compiled pair state: groups from the carried maps (padless.ops.compile_rows)
+        from padless.ops.compile_rows import traced_pair_groups
+
+        tg = traced_pair_groups(nt, reduced)
+        if tg is not None:
+            return tg
     obj_key = ("groups_obj", reduced, nt._values.device)
     if not traced:
         hit = nt._meta.derived.get(obj_key)

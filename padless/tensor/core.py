@@ -26,6 +26,14 @@ class NeedsPerSample(Exception):
 
 
 _TLS = threading.local()
+
+#: Row maps that ``__tensor_flatten__`` flattens as extra inner tensors when a structure
+#: caches them under ``(name, device)``: their sizes are the row counts that ops create
+#: (``sum N_i**2`` for pairs), so compiled graphs see those counts as symbols. Each name
+#: ``k`` is readable as the attribute ``_k``. See :mod:`padless.ops.compile_rows`.
+CARRIED_INNER: tuple[str, ...] = ("pair_rows",)
+#: Derived keys that depend on the rows only; ops that keep the rows pass them on.
+ROW_LEVEL_KEYS: tuple[str, ...] = ("row_ids", "cu_seqlens", "pair_rows", "pair_groups")
 _INT32_MAX = 2**31 - 1
 
 
@@ -153,22 +161,43 @@ class NestedTensor(Tensor):
         self._ragged = ragged
         self._env = env  # padded extent per sample dim == shape[1:], without a torch-function call
         self._meta = meta if meta is not None else StructureMeta()
+        if not torch.compiler.is_compiling():
+            _mark(self)  # every NestedTensor (detach, moves, op outputs): see mark_dynamic
         return self
 
     # ------------------------------------------------------------------ compile
     def __tensor_flatten__(self) -> tuple[list[str], tuple]:
-        return list(self._INNER), tuple(getattr(self, a) for a in self._ATTRS)
+        ctx = tuple(getattr(self, a) for a in self._ATTRS)
+        carried = self._carried_names()
+        if carried:  # row maps prepared for compiled row-creating ops (padless.ops.compile_rows)
+            return list(self._INNER) + ["_" + k for k in carried], ctx + (carried,)
+        return list(self._INNER), ctx
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size: Sequence, outer_stride: Sequence) -> "NestedTensor":
-        (ragged,) = ctx
+        ragged = ctx[0]
+        meta = StructureMeta()
+        for k in ctx[1] if len(ctx) > 1 else ():
+            t = inner["_" + k]
+            meta.derived[(k, t.device)] = t
         return NestedTensor(
-            inner["_values"], inner["_offsets"], inner["_sizes"], ragged, tuple(outer_size[1:])
+            inner["_values"], inner["_offsets"], inner["_sizes"], ragged, tuple(outer_size[1:]), meta
         )
+
+    def _carried_names(self) -> tuple[str, ...]:
+        """Names of the cached row maps that flatten as extra inner tensors (see CARRIED_INNER)."""
+        d = self._meta.derived
+        dev = self._values.device
+        return tuple(k for k in CARRIED_INNER if (k, dev) in d)
+
+    @property
+    def _pair_rows(self) -> Tensor:
+        """The carried pair row map (only present after ``padless.prepare_for_compile``)."""
+        return self._meta.derived[("pair_rows", self._values.device)]
 
     def _stable_hash_for_caching(self) -> str:
         """Key for AOTAutograd's cache: the static attributes (inner tensors are keyed by torch)."""
-        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}"
+        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}{self._carried_names()}"
 
     # ------------------------------------------------------------------ dispatch
     @classmethod
@@ -485,12 +514,23 @@ def mark_dynamic(nt: NestedTensor) -> NestedTensor:
     dynamo, as for any tensor.)
     """
     if not torch.compiler.is_compiling():
-        outer = {0, *(r + 1 for r in nt._ragged)}
-        _weak_dynamic(nt, outer)
-        _weak_dynamic(nt._values, {0})
-        _weak_dynamic(nt._offsets, {0})
-        _weak_dynamic(nt._sizes, {0})
+        _mark(nt)
     return nt
+
+
+def _mark(nt: NestedTensor) -> None:
+    """Weak-dynamic marks on ``nt`` and its inner tensors (what :func:`mark_dynamic` does).
+
+    ``NestedTensor.__new__`` calls it for every instance, so a batch made by ``detach()``,
+    ``to()``, an op run eagerly before a compiled region, or any other path is dynamic
+    from its first compiled call. Dims marked this way get their own symbols (no duck
+    sizing): a batch size equal to a ragged extent on the first call does not tie the
+    two together, so the next batch does not recompile.
+    """
+    _weak_dynamic(nt, {0, *(r + 1 for r in nt._ragged)})
+    _weak_dynamic(nt._values, {0})
+    _weak_dynamic(nt._offsets, {0})
+    _weak_dynamic(nt._sizes, {0})
 
 
 def _weak_dynamic(t: Tensor, dims: set) -> None:
@@ -546,7 +586,7 @@ def static_change(values: Tensor, like: NestedTensor) -> tuple[Tensor, Structure
         meta.host_sizes = hs
         meta.host_offsets = like._meta.host_offsets
     for k, v in like._meta.derived.items():  # row-level caches do not depend on static extents
-        if isinstance(k, tuple) and k[0] in ("row_ids", "cu_seqlens"):
+        if isinstance(k, tuple) and k[0] in ROW_LEVEL_KEYS:
             meta.derived[k] = v
     env = list(like._env)
     for d, s in zip(static, new_static):

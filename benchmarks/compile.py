@@ -1,0 +1,148 @@
+"""torch.compile on variable-size batches: eager padless vs compiled padless vs compiled padded.
+
+    python benchmarks/compile.py [--models pair,encoder] [--backend inductor] [--batches 8]
+                                 [--repeats 3] [--threads 2]
+
+Two models, forward + backward, on batches whose size and lengths change every step:
+
+* the pair block ``p = u(x)[:, :, None] + v(x)[:, None]; p = p + mlp(ln(p));
+  x + g(p.mean(dim=2))`` (C=32, pair channels 16, MLP 4x), batches of B in 2..16 with
+  lengths U[8, 48]; padless inputs are made ready with ``padless.prepare_for_compile``;
+  the padded twin masks the pair mean;
+* ``nn.TransformerEncoderLayer(64, 4, 256, dropout=0, batch_first=True)``, B in 2..16,
+  lengths U[16, 128]; the padded twin passes ``src_key_padding_mask``.
+
+Compiled runs use ``fullgraph=True`` (padless) and ``dynamic=True`` (padded, so it does not
+recompile per shape). The first pass over the batches is the warm-up and gives the compile
+time (all graphs compiled while warming up); then every batch runs every implementation back
+to back ``--repeats`` times, and the table gives the median per-batch time, the median of
+per-batch ratios against eager padless, graphs compiled over the whole run (warm-up
+included) and recompiles after warm-up. Timings on a shared machine are noisy: the load
+average is printed with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import padless
+
+
+class PairBlock(nn.Module):
+    def __init__(self, c: int = 32, p: int = 16) -> None:
+        super().__init__()
+        self.u, self.v, self.g = nn.Linear(c, p), nn.Linear(c, p), nn.Linear(p, c)
+        self.ln = nn.LayerNorm(p)
+        self.mlp = nn.Sequential(nn.Linear(p, 4 * p), nn.ReLU(), nn.Linear(4 * p, p))
+
+    def forward(self, x):
+        p = self.u(x).unsqueeze(2) + self.v(x).unsqueeze(1)
+        p = p + self.mlp(self.ln(p))
+        return x + self.g(p.mean(dim=2))
+
+
+def pair_padded(block: PairBlock, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The same block on a padded ``(B, L, C)`` batch; ``mask`` ``(B, L)`` marks real rows."""
+    p = block.u(x).unsqueeze(2) + block.v(x).unsqueeze(1)
+    p = p + block.mlp(block.ln(p))
+    m = mask.to(x.dtype)
+    mean = (p * m[:, None, :, None]).sum(2) / m.sum(1).clamp_min(1)[:, None, None]
+    return (x + block.g(mean)) * m[..., None]
+
+
+def batches(model: str, n: int, seed: int = 0) -> list[list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    sizes = [4, 2, 7, 16, 3, 9, 12, 5, 8, 6][:n]
+    lo, hi, c = (8, 48, 32) if model == "pair" else (16, 128, 64)
+    return [[torch.randn(int(l), c, generator=g) for l in torch.randint(lo, hi + 1, (b,), generator=g)] for b in sizes]
+
+
+def make(model: str, backend: str):
+    """(implementation name -> step(samples) callable, counters) for one model."""
+    torch.manual_seed(0)
+    if model == "pair":
+        net = PairBlock()
+        padded_fn = lambda x, m: pair_padded(net, x, m)  # noqa: E731
+    else:
+        net = nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
+        padded_fn = lambda x, m: net(x, src_key_padding_mask=~m) * m[..., None]  # noqa: E731
+    c_nt, c_pad = CompileCounterWithBackend(backend), CompileCounterWithBackend(backend)
+    compiled_nt = torch.compile(net, backend=c_nt, fullgraph=True)
+    compiled_pad = torch.compile(padded_fn, backend=c_pad, dynamic=True)
+
+    def nt_input(samples):
+        x = padless.from_list(samples, requires_grad=True)
+        return padless.prepare_for_compile(x) if model == "pair" else x
+
+    def run_nt(fn):
+        def step(samples):
+            x = nt_input(samples)
+            (fn(x).values() ** 2).sum().backward()
+        return step
+
+    def run_pad(samples):
+        x = padless.from_list(samples)
+        xp, m = x.to_padded(), x.mask()[..., 0]
+        xp.requires_grad_()
+        (compiled_pad(xp, m) ** 2).sum().backward()
+
+    impls = {"eager padless": run_nt(net), "compiled padless": run_nt(compiled_nt), "compiled padded": run_pad}
+    return net, impls, {"compiled padless": c_nt, "compiled padded": c_pad}
+
+
+def timed(fn, *args) -> float:
+    t = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default="pair,encoder")
+    ap.add_argument("--backend", default="inductor")
+    ap.add_argument("--batches", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"threads={args.threads} backend={args.backend} torch {torch.__version__}")
+    for model in args.models.split(","):
+        net, impls, counters = make(model, args.backend)
+        data = batches(model, args.batches)
+        occ = statistics.mean(padless.from_list(s).occupancy() for s in data)
+        warm: dict[str, float] = {}
+        for name, fn in impls.items():
+            warm[name] = sum(timed(fn, s) for s in data)
+            net.zero_grad()
+        graphs_after_warmup = {k: c.frame_count for k, c in counters.items()}
+        times: dict[str, list[float]] = {k: [] for k in impls}
+        ratios: dict[str, list[float]] = {k: [] for k in impls}
+        for _ in range(args.repeats):
+            for s in data:
+                t = {name: timed(fn, s) for name, fn in impls.items()}
+                net.zero_grad()
+                for name in impls:
+                    times[name].append(t[name])
+                    ratios[name].append(t["eager padless"] / t[name])
+        load = os.getloadavg()[0]
+        print(f"\n{model}: {len(data)} batches, B 2..16, mean occupancy {occ:.2f}, load {load:.2f} (uptime 1-min)")
+        print(f"{'implementation':<18}{'median ms':>10}{'speedup vs eager':>18}{'warm-up s':>11}{'graphs':>8}{'recompiles':>11}")
+        for name in impls:
+            c = counters.get(name)
+            graphs = "-" if c is None else str(c.frame_count)
+            recompiles = "-" if c is None else str(c.frame_count - graphs_after_warmup[name])
+            print(
+                f"{name:<18}{1e3 * statistics.median(times[name]):>10.2f}{statistics.median(ratios[name]):>17.2f}x"
+                f"{warm[name]:>11.1f}{graphs:>8}{recompiles:>11}"
+            )
+
+
+if __name__ == "__main__":
+    main()
