@@ -182,6 +182,11 @@ def is_shared(func, nt: NestedTensor) -> bool:
     return nt._values.is_shared()
 
 
+RELAYOUT_KERNELS: list = []
+"""Registered by the op layer (``padless.ops.kernels.layout``): each may return the values of a
+transposed pair re-laid out in canonical order by a kernel, or None for the row-gather path."""
+
+
 @implements(torch.Tensor.contiguous)
 def contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) -> NestedTensor:
     """Canonical layout: ragged dims stored in ascending order, contiguous values.
@@ -192,8 +197,12 @@ def contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) ->
 
     canonical = tuple(sorted(nt._ragged))
     if nt._ragged != canonical:
-        _, idx = layout.relayout_rows(nt.host_sizes(), nt.host_offsets(), nt._ragged, canonical, nt._values.shape[0])
-        vals = values_of(nt).index_select(0, idx.to(nt._values.device))
+        vals = None
+        for kernel in RELAYOUT_KERNELS:  # a Triton kernel when the op layer's dispatch picks one
+            vals = kernel(nt, values_of(nt))
+        if vals is None:
+            _, idx = layout.relayout_rows(nt.host_sizes(), nt.host_offsets(), nt._ragged, canonical, nt._values.shape[0])
+            vals = values_of(nt).index_select(0, idx.to(nt._values.device))
         meta = StructureMeta(nt._meta.host_sizes, nt._meta.host_offsets)  # caches are per layout
         return nested_from_values(vals.contiguous(), nt._offsets, nt._sizes, canonical, nt._env, meta)
     if nt._values.is_contiguous():

@@ -344,11 +344,40 @@ def padded_grid(nt: Any, vals: Tensor, target: Sequence[int], value: float) -> T
     return packed_to_padded(vals, meta, value)
 
 
+def relayout_transposed_pair(nt: Any, vals: Tensor) -> Tensor | None:
+    """Values of a transposed pair (ragged dims stored as ``(d1, d0)``) in canonical order from
+    the kernel, or None (the caller's row gather is the twin). Registered in ``behaviour``."""
+    if not dispatch.quick_check(vals):
+        return None
+    hs = nt._meta.host_sizes
+
+    def unsupported() -> str | None:
+        if len(nt._ragged) != 2:
+            return f"{len(nt._ragged)} ragged dims (the kernel swaps the two levels of a pair)"
+        return "no host metadata (the grid would need a device read)" if hs is None else None
+
+    if not dispatch.use_kernel(FAMILY, vals, unsupported=unsupported):
+        return None
+    key = ("transpose_meta", vals.device)
+    hit = nt._meta.derived.get(key)
+    if hit is None:
+        outer, inner = nt._ragged
+        n, m = hs[:, outer].contiguous(), hs[:, inner].contiguous()
+        rows = n * m
+        offsets = torch.cat([rows.new_zeros(1), torch.cumsum(rows, 0)])
+        hit = (n.to(vals.device), m.to(vals.device), offsets.to(vals.device), int(rows.max()) if rows.numel() else 0)
+        nt._meta.derived[key] = hit
+    n, m, offsets, max_rows = hit
+    return transpose_pair(vals, n, m, offsets, max_rows)
+
+
 def _register() -> None:
-    from padless.tensor import convert
+    from padless.tensor import behaviour, convert
 
     if padded_grid not in convert.PADDED_GRID_KERNELS:
         convert.PADDED_GRID_KERNELS.append(padded_grid)
+    if relayout_transposed_pair not in behaviour.RELAYOUT_KERNELS:
+        behaviour.RELAYOUT_KERNELS.append(relayout_transposed_pair)
 
 
 _register()

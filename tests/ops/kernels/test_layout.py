@@ -95,3 +95,9 @@ def test_to_padded_runs_the_kernel(kernel_device, monkeypatch):
         torch.testing.assert_close(got, want)
         (got * 2).sum().backward()  # every packed element reaches exactly one padded slot
         torch.testing.assert_close(nt.grad._values, torch.full_like(nt._values, 2.0))
+
+
+def test_contiguous_of_a_transposed_pair_runs_the_kernel(kernel_device):
+    make = lambda: [make_batch("rect", requires_grad=True, device=kernel_device)[0]]  # noqa: E731
+    compare_backends(lambda x: x.transpose(1, 2).contiguous(), make, torch.float32)
+    assert dispatch.explain("layout").backend == "triton"
