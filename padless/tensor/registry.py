@@ -57,6 +57,8 @@ def op_name(op: Any) -> str:
     if isinstance(op, torch._ops.OpOverload):
         return str(op)
     name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
+    if name is not None and "<locals>" in name:  # e.g. F.max_pool2d, made by torch's boolean_dispatch
+        name = getattr(op, "__name__", name)
     if name is None:
         return repr(op)
     name = name.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.", "")
