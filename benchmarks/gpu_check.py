@@ -13,6 +13,8 @@
    and the encoder, the pair block (B=8, C=384/128, N up to 384) and a BERT-base-like
    encoder layer in bf16, eager and compiled, against padding and hand packing, with
    peak memory.
+7. ``benchmarks/vision.py --device cuda``: the ResNet-style classifier train step on packed
+   images vs padded vs per-image, with CUDA peak memory (skipped with ``--quick``).
 
 Prints one summary line per step and exits 0 (a failed step is reported in its
 summary); ``--strict`` exits non-zero when a step failed.
@@ -103,6 +105,8 @@ def main() -> None:
     results.append(step("Triton kernel tests (CUDA)", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/ops/kernels"]))
     kernels_cmd = [py, "benchmarks/kernels_gpu.py"] + (["--quick"] if args.quick else [])
     results.append(step("kernels: bandwidth, syncs, pair block, encoder", kernels_cmd, tail_lines=120))
+    if not args.quick:
+        results.append(step("vision benchmark (ResNet-style)", [py, "benchmarks/vision.py", "--device", "cuda", "--rounds", "10"]))
     failed = sum(not r for r in results)
     print(f"== gpu_check: {len(results) - failed} of {len(results)} steps ok")
     if failed and args.strict:
