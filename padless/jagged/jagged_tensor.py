@@ -142,7 +142,7 @@ class JaggedTensor:
 
     def _end(self) -> int:
         """Rows of values the slices use (values may hold a tail past them; reads host offsets)."""
-        return int(self.host_offsets()[-1])
+        return int(self.host_offsets().numpy()[-1])
 
     def device(self) -> torch.device:
         return self._values.device

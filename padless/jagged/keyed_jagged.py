@@ -263,7 +263,7 @@ class KeyedJaggedTensor:
             raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
         hos = [jt._host_offsets for jt in jts]
         known = all(h is not None for h in hos)
-        ends = [int(h[-1]) for h in hos] if known else [None] * len(jts)  # type: ignore[index]
+        ends = [int(h.numpy()[-1]) for h in hos] if known else [None] * len(jts)  # type: ignore[index]
         values = torch.cat([C.used(jt.values(), e) for jt, e in zip(jts, ends)])  # type: ignore[misc]
         weights = torch.cat([C.used(jt.weights(), e) for jt, e in zip(jts, ends)]) if all(weighted) else None  # type: ignore[misc]
         lengths = torch.cat([jt.lengths().reshape(-1) for jt in jts])
@@ -352,7 +352,7 @@ class KeyedJaggedTensor:
         keys = [key for k in kjt_list for key in k.keys()]
         hos = [k._host_offsets for k in kjt_list]
         known = all(h is not None for h in hos)
-        ends = [int(h[-1]) for h in hos] if known else [None] * len(kjt_list)  # type: ignore[index]
+        ends = [int(h.numpy()[-1]) for h in hos] if known else [None] * len(kjt_list)  # type: ignore[index]
         values = torch.cat([C.used(k.values(), e) for k, e in zip(kjt_list, ends)])  # type: ignore[misc]
         weights = torch.cat([C.used(k.weights(), e) for k, e in zip(kjt_list, ends)]) if all(weighted) else None  # type: ignore[misc]
         lengths = torch.cat([k.lengths().reshape(-1) for k in kjt_list])
