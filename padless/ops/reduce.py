@@ -100,11 +100,12 @@ def _static_only(nt: NestedTensor, vals: Tensor, static: list[int], keepdim: boo
     return restructure(nt, vals, new)
 
 
-class EmptyReductionError(ValueError, IndexError):
+class EmptyReductionError(StructureError, IndexError):
     """An extreme (``amax``, ``max``, ``argmax``...) over a dim of extent 0 in some sample.
 
     torch raises ``IndexError`` for this ("Expected reduction dim 0 to have non-zero size");
-    padless has always raised ``ValueError``: both ``except`` clauses catch it.
+    padless raises a :class:`StructureError` (a ``ValueError`` and a ``RuntimeError``): every
+    one of those ``except`` clauses catches it.
     """
 
 
