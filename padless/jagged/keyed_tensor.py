@@ -106,6 +106,11 @@ class KeyedTensor:
             self._index_per_key = {k: i for i, k in enumerate(self._keys)}
         return self._index_per_key
 
+    def _key_indices(self) -> dict[str, int]:
+        """``index_per_key()`` under TorchRec's private name, which TorchRec's own regroup
+        helpers call on the KeyedTensors they are given."""
+        return self.index_per_key()
+
     def __getitem__(self, key: str) -> Tensor:
         """One key's block, a view of ``values`` along ``key_dim``."""
         i = self.index_per_key().get(key)

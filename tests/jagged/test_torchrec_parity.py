@@ -119,3 +119,5 @@ def test_round_trip_with_torchrec_objects(trj):
     assert _kjt_state(back) == _kjt_state(k)
     kt = KeyedTensor(["a", "b"], [1, 2], torch.arange(6.0).view(2, 3))
     assert torch.equal(trj.KeyedTensor.regroup([kt.to_torchrec()], [["b", "a"]])[0], KeyedTensor.regroup([kt], [["b", "a"]])[0])
+    # TorchRec's own regroup helpers accept padless KeyedTensors (they call the private _key_indices)
+    assert torch.equal(trj._regroup_keyed_tensors([kt], [["b", "a"]])[0], KeyedTensor.regroup([kt], [["b", "a"]])[0])
