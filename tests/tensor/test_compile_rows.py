@@ -80,14 +80,16 @@ def test_multihead_attention_seq_first_and_causal_sdpa_compile():
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_packed_sdpa_op_matches_dense_per_sample(causal):
+@pytest.mark.parametrize("ev", [8, 6])
+def test_packed_sdpa_op_matches_dense_per_sample(causal, ev):
     """The custom op (run eagerly) against dense SDPA on each sample, with an empty sample,
-    a sample without keys and cross-attention lengths; gradients included."""
+    a sample without keys and cross-attention lengths; gradients included. ``ev=8``: torch's
+    fused CPU kernels; ``ev=6`` (value head size differs): the formula path."""
     g = torch.Generator().manual_seed(1)
     lq, lk = [3, 0, 4, 2], [5, 2, 4, 0]
     q = torch.randn(sum(lq), 2, 8, generator=g, requires_grad=True)
     k = torch.randn(sum(lk), 2, 8, generator=g, requires_grad=True)
-    v = torch.randn(sum(lk), 2, 6, generator=g, requires_grad=True)
+    v = torch.randn(sum(lk), 2, ev, generator=g, requires_grad=True)
     qo = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()])
     ko = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()])
     out = packed_sdpa(q, k, v, qo, ko, causal, None)
