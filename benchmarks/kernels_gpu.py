@@ -91,7 +91,7 @@ def guarded(name: str, fn: Callable[[], None]) -> bool:
 
 
 def bandwidth(device: str, dtype: torch.dtype, scale: float) -> None:
-    from padless.ops.kernels import grouped_mm, layout, pair, segment, softmax
+    from padless.ops.kernels import layout, pair, segment, softmax
     from padless.ops.segment import groups
 
     section(f"Kernel bandwidth ({device}, {dtype})")
@@ -158,7 +158,6 @@ def bandwidth(device: str, dtype: torch.dtype, scale: float) -> None:
     guarded("triangle", lambda: row("triangle einsum bikc,bjkc->bijc", "B=4 C=32",
                                     lambda: torch.einsum("bikc,bjkc->bijc", a, a), 0, tflops))
     print("\nchoices:", {k: v.backend for k, v in dispatch.explain().items()})
-    del grouped_mm
 
 
 # ---------------------------------------------------------------------------- models

@@ -8,7 +8,7 @@ import torch
 from padless.ops.kernels import dispatch
 from padless.tensor.construct import from_list
 from padless.testing import check_op, make_batch
-from padless.testing.kernels import SCALE, compare_backends, kernels_mode
+from padless.testing.kernels import SCALE, compare_backends
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # (variant, torch dim): token axis, pair rows and columns (triangle attention), inner level of three
