@@ -196,8 +196,11 @@ class NestedTensor(Tensor):
         return self._meta.derived[("pair_rows", self._values.device)]
 
     def _stable_hash_for_caching(self) -> str:
-        """Key for AOTAutograd's cache: the static attributes (inner tensors are keyed by torch)."""
-        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}{self._carried_names()}"
+        """Key for AOTAutograd's cache: the static attributes (inner tensors are keyed by torch)
+        and a fingerprint of padless' source. The cache is keyed on Dynamo's graph, which
+        calls padless' handlers without holding their code, so without the fingerprint an
+        upgraded padless would be served graphs traced through the old handlers."""
+        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}{self._carried_names()}@{_source_fingerprint()}"
 
     # ------------------------------------------------------------------ dispatch
     @classmethod
@@ -441,6 +444,24 @@ class NestedTensor(Tensor):
             )
         memo[id(self)] = out
         return out
+
+
+_FINGERPRINT: list[str] = []
+
+
+def _source_fingerprint() -> str:
+    """blake2b of every padless ``.py`` file (path and content), computed once per process."""
+    if not _FINGERPRINT:
+        import hashlib
+        import pathlib
+
+        root = pathlib.Path(__file__).resolve().parent.parent
+        h = hashlib.blake2b(digest_size=12)
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+        _FINGERPRINT.append(h.hexdigest())
+    return _FINGERPRINT[0]
 
 
 def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None):

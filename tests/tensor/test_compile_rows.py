@@ -211,6 +211,8 @@ def test_flatten_carries_prepared_pair_rows():
     assert x._pair_rows.tolist() == [0, 0, 1, 1, 2]  # offsets[i] + a for pair rows (i, a, b)
     y = type(x).__tensor_unflatten__({n: getattr(x, n) for n in names}, ctx, x.shape, x.stride())
     assert torch.equal(y._pair_rows, x._pair_rows)
+    # AOTAutograd's cache key names the carried maps and padless' source fingerprint
+    assert x._stable_hash_for_caching().startswith("padless.NestedTensor((0,),)('pair_rows',)@")
     # ops that keep the rows keep the map (so u(x).unsqueeze(2) still finds it)
     assert (torch.nn.Linear(3, 5)(x).unsqueeze(2)).__tensor_flatten__()[1][1] == ("pair_rows",)
 
