@@ -20,6 +20,7 @@ demo: $(STAMP)
 	$(PY) examples/demo.py
 	$(PY) examples/swap_collate.py
 	$(PY) examples/image_stream.py
+	$(PY) examples/native_cnn.py
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -41,6 +41,7 @@ from torch.utils.data import DataLoader
 import padless
 from padless.loaders import BucketedStream, Normalize, PixelBudget, StreamingBucketer, WebDatasetReader
 from padless.loaders.synthetic import write_shards
+from padless.testing.vision import BasicBlock  # two 3x3 convs + batch norm, a strided 1x1 projection: plain torch.nn
 
 MEAN, STD = [0.5, 0.5, 0.5], [0.25, 0.25, 0.25]
 STEM = dict(kernel_size=7, stride=2, padding=3)  # the first layer's geometry, planned in the workers
@@ -48,22 +49,6 @@ SEG_CLASSES = 3  # background, rectangle, ellipse
 
 
 # ------------------------------------------------------------------------------------ model
-
-
-class BasicBlock(nn.Module):
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.proj = None
-        if stride != 1 or cin != cout:
-            self.proj = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-
-    def forward(self, x: Tensor) -> Tensor:
-        y = self.bn2(self.conv2(F.relu(self.bn1(self.conv1(x)))))
-        return F.relu(y + (x if self.proj is None else self.proj(x)))
 
 
 class SmallResNet(nn.Module):
