@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
+from padless.tensor.errors import StructureError
 
 HOST = {"host": True}
 
@@ -161,6 +162,24 @@ def _collect(obj: Any, host: bool, out: list[tuple[Tensor, bool]]) -> None:
 
 
 # ---------------------------------------------------------------------------- worker-side maths
+
+
+INT32_MAX = 2**31 - 1
+
+
+def int32_offsets(offsets: np.ndarray, field: str) -> Tensor:
+    """``cu_seqlens`` (int32) from int64 row offsets; refuses a row count int32 cannot hold.
+
+    >>> int32_offsets(np.array([0, 2, 5]), "ids").tolist()
+    [0, 2, 5]
+    """
+    rows = int(offsets[-1]) if len(offsets) else 0
+    if rows > INT32_MAX:
+        raise StructureError(
+            f"collate: field {field!r} has {rows} rows in this batch, more than int32 cu_seqlens hold "
+            f"({INT32_MAX}); they would wrap around. Use smaller batches (the int64 offsets are exact)"
+        )
+    return torch.from_numpy(offsets.astype(np.int32))
 
 
 def repeat_ids(counts: Tensor) -> Tensor:

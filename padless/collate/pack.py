@@ -322,7 +322,7 @@ class RaggedPlan(FieldPlan):
         if opts.padded_index:
             full = rows if rows is not None else md.row_maps(self.host_sizes, self.host_offsets, ragged, self.total)
             padded = md.padded_index(full, ragged, self.env)
-        cu = torch.from_numpy(offsets.astype(np.int32))
+        cu = md.int32_offsets(offsets, path)
         self.meta = md.FieldMeta(cu, parts, rows, None, padded, opts.pad_to_multiple is not None)
         self.placer: Placer | None = None
 

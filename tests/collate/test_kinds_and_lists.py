@@ -128,3 +128,12 @@ def test_mixed_layouts_in_one_batch():
     views, dense = _images(True), _images(False)
     mixed = [views[0], dense[1], views[2]]
     assert torch.equal(padless.collate(mixed).values(), padless.collate(dense).values())
+
+
+def test_cu_seqlens_past_int32_rows_is_refused_naming_the_field():
+    """A worker-built cu_seqlens must never wrap (checked on the offsets: no 2**31-row batch is built)."""
+    from padless.collate.metadata import INT32_MAX, int32_offsets
+
+    assert int32_offsets(np.array([0, 3, INT32_MAX]), "ids").tolist() == [0, 3, INT32_MAX]
+    with pytest.raises(padless.StructureError, match=r"field 'ids' has 2147483651 rows in this batch, more than int32"):
+        int32_offsets(np.array([0, 3, 2**31 + 3]), "ids")
