@@ -26,6 +26,8 @@ class NeedsPerSample(Exception):
 
 
 _TLS = threading.local()
+# Torch-level calls that run the autograd engine (see ``NestedTensor.__torch_function__``).
+_BACKWARD_CALLS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 
 #: Row maps that ``__tensor_flatten__`` flattens as extra inner tensors when a structure
 #: caches them under ``(name, device)``: their sizes are the row counts that ops create
@@ -217,6 +219,10 @@ class NestedTensor(Tensor):
                 from padless.tensor.autograd import guard_broadcast
 
                 args, kwargs = guard_broadcast(args, kwargs)
+            if func in _BACKWARD_CALLS:
+                # The engine runs backward formulas as ATen ops: an op without a handler there
+                # runs per sample at ATen level (re-running ``backward`` per sample is wrong).
+                return func(*args, **kwargs)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
                 return func(*args, **kwargs)
