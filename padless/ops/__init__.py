@@ -13,6 +13,7 @@ from padless.ops import conv  # noqa: F401  (F.conv1d/conv2d/conv_transpose* on 
 from padless.ops import pool  # noqa: F401  (max/avg/adaptive pooling of packed images)
 from padless.ops import norm2d  # noqa: F401  (F.batch_norm over real pixels, F.instance_norm)
 from padless.ops import nested_compat  # noqa: F401  (nt.to_padded_tensor(), torch.select(nt, 0, i))
+from padless.ops import nested_parity  # noqa: F401  (masked_select, apply_, _unsafe_view, index_put as NJT)
 from padless.jagged.pooling import embedding_bag  # pooled lookups of JaggedTensor / KeyedJaggedTensor
 
 __all__ = ["attention", "attention_modules", "contract", "dims", "embedding_bag", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]

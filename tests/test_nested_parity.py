@@ -1,0 +1,190 @@
+"""torch.nested (NJT) parity gaps of issue 14, each run on padless and on torch's own NJT.
+
+Every test builds the same samples as a padless NestedTensor and as an NJT
+(``torch.nested.nested_tensor(..., layout=torch.jagged)``) and compares sample by sample.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import padless
+from padless import nested
+
+# Ragged (j, 4) samples: an empty sample in the middle, and the one-sample batch.
+BATCHES = {"mixed": [(3, 4), (0, 4), (2, 4)], "one": [(5, 4)]}
+
+
+def _samples(shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def _pair(samples, requires_grad=False):
+    pl = nested.nested_tensor([s.clone() for s in samples], requires_grad=requires_grad)
+    njt = torch.nested.nested_tensor([s.clone() for s in samples], layout=torch.jagged, requires_grad=requires_grad)
+    return pl, njt
+
+
+def _same(pl, njt):
+    a, b = list(pl.unbind()), list(njt.unbind())
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.shape == y.shape
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+def test_masked_select_nested_mask(batch):
+    """NJT: ``torch.masked_select(nt, nt > 0)`` on ``(B, j)`` gives a ``(B, j')`` NJT whose sample i
+    holds sample i's selected elements in order. NJT's backward fails (``aten.size`` on an NJT);
+    padless's gradient is checked against the dense per-sample one instead."""
+    samples = [s[:, 0].contiguous() for s in _samples(BATCHES[batch])]
+    pl, njt = _pair(samples, requires_grad=True)
+    out_pl, out_njt = torch.masked_select(pl, pl > 0), torch.masked_select(njt, njt > 0)
+    _same(out_pl, out_njt)
+    assert out_pl.dim() == 2 and out_pl.ragged_dims == (0,)
+    out_pl.values().sum().backward()
+    for g, s in zip(pl.grad.unbind(), samples):
+        torch.testing.assert_close(g, (s > 0).float())
+
+
+def test_masked_select_multidim_and_transposed():
+    """NJT refuses masks past ``(B, j)`` ("only support 2-D selections"); padless selects each
+    sample's elements in row-major order, as ``torch.masked_select`` on the dense sample does."""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=1)
+    pl = nested.nested_tensor(samples)
+    for x in (pl, pl.transpose(1, 2)):
+        out = x.masked_select(x > 0)
+        for o, s in zip(out.unbind(), x.unbind()):
+            torch.testing.assert_close(o, torch.masked_select(s, s > 0))
+
+
+def test_masked_select_errors():
+    pl = nested.nested_tensor(_samples([(3,), (2,)]))
+    with pytest.raises(TypeError, match=r"masked_select\(nt, mask\): mask must be a NestedTensor"):
+        torch.masked_select(pl, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(TypeError, match="mask must be a bool NestedTensor"):
+        torch.masked_select(pl, pl)
+    other = nested.nested_tensor(_samples([(3,), (4,)])) > 0
+    with pytest.raises(padless.StructureError, match=r"mask sample 1 has shape \(4,\), input sample 1 has \(2,\)"):
+        torch.masked_select(pl, other)
+
+
+def test_apply_():
+    """NJT: ``nt.apply_(fn)`` calls ``fn`` on every element in place (CPU) and returns ``nt``."""
+    pl, njt = _pair(_samples(BATCHES["mixed"], seed=2))
+    assert pl.apply_(lambda v: v * 2 + 1) is pl
+    njt.apply_(lambda v: v * 2 + 1)
+    _same(pl, njt)
+
+
+def test_apply_refuses_cuda_message():
+    pl = nested.nested_tensor(_samples([(2,)]))
+    with pytest.raises(TypeError, match=r"apply_\(\): only CPU tensors are supported"):
+        pl.to("meta").apply_(lambda v: v)
+
+
+class _NoneForFirst(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, b):
+        return a * 2 + b
+
+    @staticmethod
+    def backward(ctx, g):
+        return None, g
+
+
+def test_custom_function_none_gradient():
+    """NJT: a custom ``autograd.Function`` returning ``None`` for a NestedTensor input leaves that
+    input's ``.grad`` None and gives the other input its gradient."""
+    samples = _samples(BATCHES["mixed"], seed=3)
+    pl, njt = _pair(samples, requires_grad=True)
+    pl_b = (pl.detach() * 0 + 1).requires_grad_()
+    njt_b = (njt.detach() * 0 + 1).requires_grad_()
+    out_pl, out_njt = _NoneForFirst.apply(pl, pl_b), _NoneForFirst.apply(njt, njt_b)
+    _same(out_pl, out_njt)
+    out_pl.backward(out_pl.detach() * 0 + 1)
+    out_njt.backward(out_njt.detach() * 0 + 1)
+    assert pl.grad is None and njt.grad is None
+    _same(pl_b.grad, njt_b.grad)
+
+
+def test_unsafe_view():
+    """NJT: ``aten._unsafe_view(nt, (B, j, 8))`` on ``(B, j, 4, 2)`` merges the static dims of each
+    sample, as ``view`` does; the batch and ragged dims are kept."""
+    samples = _samples([(3, 4, 2), (0, 4, 2), (2, 4, 2)], seed=4)
+    pl, njt = _pair(samples)
+    out_pl = torch.ops.aten._unsafe_view(pl, list(pl.shape[:2]) + [8])
+    out_njt = torch.ops.aten._unsafe_view(njt, list(njt.shape[:2]) + [8])
+    _same(out_pl, out_njt)
+
+
+def test_unsafe_view_error():
+    pl = nested.nested_tensor(_samples([(3, 4), (2, 4)]))
+    with pytest.raises(padless.StructureError, match=r"_unsafe_view\(\)"):
+        torch.ops.aten._unsafe_view(pl, [2, 3, 5])
+
+
+def test_per_sample_fallback_backward_mvlgamma():
+    """NJT: ``torch.mvlgamma(nt, p=2)`` and ``out.backward(grad_nt)`` give each sample's dense
+    gradient. In padless the forward runs per sample, and the ATen ops of the backward formula
+    without a handler (``unsqueeze``) run per sample inside the autograd engine."""
+    samples = [s.abs() + 2 for s in _samples([(3, 4), (2, 4)], seed=5)]
+    pl, njt = _pair(samples, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out_pl = torch.mvlgamma(pl, p=2)
+        out_pl.backward(out_pl.detach() * 0 + 1)
+    out_njt = torch.mvlgamma(njt, p=2)
+    out_njt.backward(out_njt.detach() * 0 + 1)
+    _same(out_pl, out_njt)
+    _same(pl.grad, njt.grad)
+
+
+def test_index_put_integer_indices():
+    """NJT: ``index_put(nt, (batch, ragged), v)`` writes element ``ragged[k]`` of sample
+    ``batch[k]`` (indices into ``values`` are ``offsets[batch] + ragged``); ``index_put_`` in place,
+    ``accumulate=True`` adds."""
+    samples = _samples([(3, 4), (2, 4)], seed=6)
+    bi, ji = torch.tensor([0, 1]), torch.tensor([2, 1])
+    v = torch.arange(8.0).view(2, 4)
+    pl, njt = _pair(samples)
+    _same(torch.index_put(pl, (bi, ji), v), torch.index_put(njt, (bi, ji), v))
+    _same(torch.index_put(pl, (bi, ji), v, accumulate=True), torch.index_put(njt, (bi, ji), v, accumulate=True))
+    ci = torch.tensor([3, 0])
+    assert pl.index_put_((bi, ji, ci), torch.tensor(9.0)) is pl
+    njt.index_put_((bi, ji, ci), torch.tensor(9.0))
+    _same(pl, njt)
+
+
+def test_index_put_negative_and_errors():
+    """Negative batch / ragged indices count from the end of the batch / of the sample, as on a
+    dense sample (NJT adds a negative ragged index to the sample's offset)."""
+    pl = nested.nested_tensor(_samples([(3,), (0,), (2,)], seed=7))
+    out = torch.index_put(pl, (torch.tensor([-1]), torch.tensor([-1])), torch.tensor(5.0))
+    assert out.unbind()[2][-1].item() == 5.0
+    with pytest.raises(RuntimeError, match=r"index_put\(\): a ragged index \(index 1\) is out of range"):
+        torch.index_put(pl, (torch.tensor([1]), torch.tensor([0])), torch.tensor(5.0))
+    with pytest.raises(RuntimeError, match=r"index_put\(\): a batch index \(index 0\) is out of range for 3 samples"):
+        torch.index_put(pl, (torch.tensor([3]), torch.tensor([0])), torch.tensor(5.0))
+    with pytest.raises(NotImplementedError, match="indices must start with dense integer tensors"):
+        torch.index_put(pl, (torch.tensor([0]),), torch.tensor(5.0))
+    with pytest.raises(TypeError, match=r"index 1 must be an integer tensor"):
+        torch.index_put(pl, (torch.tensor([0]), torch.tensor([0.5])), torch.tensor(5.0))
+
+
+def test_dense_matmul_transposed_nested():
+    """NJT: ``w @ nt.transpose(1, 2)`` with ``nt`` ``(B, j, D)`` and ``w`` ``(O, D)`` gives the
+    ``(B, O, j)`` NJT of ``w @ sample.T`` per sample; gradients reach ``w`` and ``nt``."""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=8)
+    pl, njt = _pair(samples, requires_grad=True)
+    w1 = torch.randn(5, 4, requires_grad=True)
+    w2 = w1.detach().clone().requires_grad_()
+    out_pl, out_njt = w1 @ pl.transpose(1, 2), w2 @ njt.transpose(1, 2)
+    _same(out_pl, out_njt)
+    out_pl.values().sum().backward()
+    out_njt.values().sum().backward()
+    torch.testing.assert_close(w1.grad, w2.grad)
+    _same(pl.grad, njt.grad)
