@@ -188,3 +188,22 @@ def test_dense_matmul_transposed_nested():
     out_njt.values().sum().backward()
     torch.testing.assert_close(w1.grad, w2.grad)
     _same(pl.grad, njt.grad)
+
+
+def test_batched_dense_matmul_transposed_nested():
+    """NJT: ``torch.matmul(d, nt.transpose(1, 2))`` with dense ``d`` ``(B, F, E)`` and ``nt``
+    ``(B, j, E)`` gives the ``(B, F, j)`` NJT of ``d[i] @ sample_i.T``; gradients reach ``d``
+    and ``nt``. (NJT's ``bmm`` refuses this pair; so does padless's.)"""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=9)
+    pl, njt = _pair(samples, requires_grad=True)
+    d1 = torch.randn(3, 6, 4, requires_grad=True)
+    d2 = d1.detach().clone().requires_grad_()
+    out_pl, out_njt = torch.matmul(d1, pl.transpose(1, 2)), torch.matmul(d2, njt.transpose(1, 2))
+    _same(out_pl, out_njt)
+    assert out_pl.ragged_dims == (1,)
+    out_pl.values().sum().backward()
+    out_njt.values().sum().backward()
+    torch.testing.assert_close(d1.grad, d2.grad)
+    _same(pl.grad, njt.grad)
+    with pytest.raises(padless.StructureError, match=r"matmul\(\): a 3-D dense left operand is batched: its dim 0 \(2\)"):
+        torch.matmul(torch.randn(2, 6, 4), pl.transpose(1, 2))

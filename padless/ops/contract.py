@@ -78,6 +78,8 @@ def _matmul_dense_nested(op: str, w: Tensor, b: NestedTensor) -> Tensor:
     if b.sample_dim < 2:
         raise StructureError(f"{op}(): dense @ NestedTensor needs samples of rank >= 2 (got rank {b.sample_dim})")
     d = b.sample_dim - 2
+    if w.dim() == 3 and b.sample_dim == 2 and d not in b._ragged:
+        return _matmul_batched_dense_nested(op, w, b)
     if d in b._ragged or w.dim() != 2:
         raise StructureError(
             f"{op}(): dense @ NestedTensor contracts the second-to-last sample dim, which must be "
@@ -89,6 +91,20 @@ def _matmul_dense_nested(op: str, w: Tensor, b: NestedTensor) -> Tensor:
     dims = keep_all(b)
     dims[d] = (STATIC, w.shape[0])
     return restructure(b, out, dims)
+
+
+def _matmul_batched_dense_nested(op: str, w: Tensor, b: NestedTensor) -> NestedTensor:
+    """Batched dense ``(B, F, E)`` @ NestedTensor ``(B, E, j)``: ``w[i] @ sample_i`` (NJT's
+    dense x NJT case), one matmul per sample on views of ``values``."""
+    if w.shape[0] != b.batch_size:
+        raise StructureError(
+            f"{op}(): a 3-D dense left operand is batched: its dim 0 ({w.shape[0]}) must be the "
+            f"NestedTensor's batch size ({b.batch_size}); use a 2-D matrix to apply one to every sample"
+        )
+    outs = [w[i] @ s for i, s in enumerate(unbind_samples(b))]
+    if not outs:
+        raise StructureError(f"{op}(): empty batch")
+    return from_list(outs, ragged_dims=b.ragged_dims, keep_history=True)
 
 
 def _matmul_out_ragged(a: NestedTensor, b: NestedTensor) -> tuple[int, ...]:
