@@ -207,3 +207,59 @@ def test_batched_dense_matmul_transposed_nested():
     _same(pl.grad, njt.grad)
     with pytest.raises(padless.StructureError, match=r"matmul\(\): a 3-D dense left operand is batched: its dim 0 \(2\)"):
         torch.matmul(torch.randn(2, 6, 4), pl.transpose(1, 2))
+
+
+def test_linear_on_transposed_nested():
+    """NJT: ``F.linear`` on a transposed (non-contiguous) NJT raises ValueError ("expected input to
+    be a contiguous jagged layout NestedTensor"), and torch's OpInfo skips NJTs whose last dim is
+    ragged. padless: a transposed NestedTensor whose last dim is static gives each sample's dense
+    ``F.linear`` (values and gradients); a ragged last dim raises StructureError, a ValueError
+    as NJT's refusal is."""
+    samples = _samples([(3, 4, 5), (0, 4, 5), (2, 4, 5)], seed=10)
+    pl = nested.nested_tensor(samples, requires_grad=True)
+    w, b = torch.randn(6, 5, requires_grad=True), torch.randn(6)
+    out = torch.nn.functional.linear(pl.transpose(1, 2), w, b)
+    dense = [s.clone().requires_grad_() for s in samples]
+    refs = [torch.nn.functional.linear(s.transpose(0, 1), w, b) for s in dense]
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    gw = torch.autograd.grad(out.values().sum(), [w, pl])
+    gw_ref = torch.autograd.grad(sum(r.sum() for r in refs), [w, *dense])
+    torch.testing.assert_close(gw[0], gw_ref[0])
+    for g, r in zip(gw[1].unbind(), gw_ref[1:]):
+        torch.testing.assert_close(g, r)
+    njt = torch.nested.nested_tensor(samples, layout=torch.jagged)
+    with pytest.raises(ValueError, match="contiguous jagged layout"):
+        torch.nn.functional.linear(njt.transpose(1, 2), w, b)
+    with pytest.raises(ValueError, match=r"linear\(\): sample dim 2 is ragged"):
+        torch.nn.functional.linear(pl.transpose(1, 3), torch.randn(6, 3))
+
+
+def test_setitem_nested_mask():
+    """NJT: ``nt[nt > 0] = v`` raises ValueError ("expected input to be a jagged layout
+    NestedTensor"). padless writes ``v`` at the selected elements, as ``x[mask] = v`` on each dense
+    sample (a scalar, or one value per selected element in sample order)."""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=11)
+    njt = torch.nested.nested_tensor(samples, layout=torch.jagged)
+    with pytest.raises(ValueError, match="expected input to be a jagged layout NestedTensor"):
+        njt[njt > 0] = 0.0
+    pl = nested.nested_tensor(samples)
+    pl[pl > 0] = 0.0
+    for o, s in zip(pl.unbind(), samples):
+        torch.testing.assert_close(o, s.clamp(max=0))
+    pl = nested.nested_tensor(samples)
+    mask = pl < 0
+    n = sum(int((s < 0).sum()) for s in samples)
+    pl[mask] = torch.arange(float(n))
+    start = 0
+    for o, s in zip(pl.unbind(), samples):
+        ref = s.clone()
+        k = int((s < 0).sum())
+        ref[s < 0] = torch.arange(float(start), float(start + k))
+        start += k
+        torch.testing.assert_close(o, ref)
+    with pytest.raises(padless.StructureError, match=r"index_put_\(nt, \(mask,\), v\): mask sample 0 has shape \(2, 4\)"):
+        pl[nested.nested_tensor(_samples([(2, 4), (0, 4), (2, 4)])) > 0] = 1.0
+    with pytest.raises(NotImplementedError, match=r"index_put_\(\): a NestedTensor mask needs input and mask stored"):
+        t = pl.transpose(1, 2)
+        t[t > 0] = 1.0

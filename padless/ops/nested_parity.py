@@ -8,7 +8,9 @@
   ``reshape`` rule, the batch dim and ragged dims kept;
 * ``index_put`` / ``index_put_`` with integer index tensors ``(batch, ragged, *rest)``
   on a NestedTensor whose one ragged dim is sample dim 0 (NJT's supported form): element
-  ``(b, j, ...)`` of sample ``b``.
+  ``(b, j, ...)`` of sample ``b``; and ``nt[mask] = v`` with a bool NestedTensor ``mask`` of
+  ``nt``'s structure (NJT refuses it), ``v`` a scalar or one value per selected element in
+  sample order, as for a dense tensor.
 """
 
 from __future__ import annotations
@@ -34,8 +36,7 @@ def _natural(nt: NestedTensor) -> bool:
     return tuple(nt.storage_order) == tuple(range(nt.sample_dim))
 
 
-def _check_mask(nt: NestedTensor, mask: Any) -> None:
-    what = "masked_select(nt, mask)"
+def _check_mask(nt: NestedTensor, mask: Any, what: str = "masked_select(nt, mask)") -> None:
     if not isinstance(mask, NestedTensor):
         raise TypeError(
             f"{what}: mask must be a NestedTensor with the structure of input, got {type(mask).__name__}; "
@@ -127,6 +128,17 @@ def _index_rows(nt: NestedTensor, indices: Sequence[Any], op: str) -> list[Tenso
     return [rows, *indices[2:]]
 
 
+def _mask_index(nt: NestedTensor, mask: NestedTensor, op: str) -> Tensor:
+    """``mask``'s packed buffer, aligned with ``nt``'s (``nt[mask] = v``)."""
+    _check_mask(nt, mask, f"{op}(nt, (mask,), v)")
+    if not (_natural(nt) and nt.storage_order == mask.storage_order):
+        raise NotImplementedError(
+            f"{op}(): a NestedTensor mask needs input and mask stored in their samples' row-major order "
+            "(not transposed); call .contiguous() on both first"
+        )
+    return mask._values
+
+
 @implements_aten(aten.index_put.default, aten.index_put_.default)
 def index_put(func, nt: NestedTensor, indices: Sequence[Any], values: Tensor, accumulate: bool = False) -> NestedTensor:
     """Write ``values`` at elements ``(batch[k], ragged[k], ...)`` (in place for ``index_put_``)."""
@@ -134,7 +146,10 @@ def index_put(func, nt: NestedTensor, indices: Sequence[Any], values: Tensor, ac
     op = "index_put_" if inplace else "index_put"
     if not isinstance(nt, NestedTensor) or isinstance(values, NestedTensor):
         raise NotImplementedError(f"{op}(): supported for a NestedTensor input with dense values only")
-    idx = _index_rows(nt, list(indices), op)
+    if len(indices) == 1 and isinstance(indices[0], NestedTensor):
+        idx = [_mask_index(nt, indices[0], op)]
+    else:
+        idx = _index_rows(nt, list(indices), op)
     if inplace:
         nt._values.index_put_(idx, values, accumulate)
         return nt
