@@ -263,3 +263,26 @@ def test_setitem_nested_mask():
     with pytest.raises(NotImplementedError, match=r"index_put_\(\): a NestedTensor mask needs input and mask stored"):
         t = pl.transpose(1, 2)
         t[t > 0] = 1.0
+
+
+def test_index_put_and_unsafe_view_gradients():
+    """Gradients of ``index_put`` (input: zero at the written elements; values: gathered from the
+    output gradient) and of ``aten._unsafe_view`` (the gradient viewed back) match the dense
+    per-sample ones; a one-sample batch of an empty sample selects nothing."""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=12)
+    pl = nested.nested_tensor(samples, requires_grad=True)
+    v = torch.randn(2, 4, requires_grad=True)
+    out = torch.index_put(pl, (torch.tensor([0, 2]), torch.tensor([1, 0])), v)
+    (out.values() * torch.arange(20.0).view(5, 4)).sum().backward()
+    keep = [torch.tensor([1.0, 0.0, 1.0]), torch.ones(0), torch.tensor([0.0, 1.0])]
+    weights = torch.arange(20.0).view(5, 4).split([3, 0, 2])
+    for g, k, wt in zip(pl.grad.unbind(), keep, weights):
+        torch.testing.assert_close(g, wt * k[:, None])
+    torch.testing.assert_close(v.grad, torch.stack([weights[0][1], weights[2][0]]))
+    pl = nested.nested_tensor(_samples([(3, 4, 2), (1, 4, 2)], seed=13), requires_grad=True)
+    out = torch.ops.aten._unsafe_view(pl, [2, 3, 8])
+    out.values().pow(2).sum().backward()
+    for g, s in zip(pl.grad.unbind(), pl.detach().unbind()):
+        torch.testing.assert_close(g, 2 * s)
+    empty = nested.nested_tensor([torch.randn(0)])
+    assert [tuple(s.shape) for s in torch.masked_select(empty, empty > 0).unbind()] == [(0,)]

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import torch
@@ -71,7 +72,7 @@ def masked_select(func, nt: Any, mask: Any) -> NestedTensor:
         picked = [torch.masked_select(x, m) for x, m in zip(unbind_samples(nt), unbind_samples(mask, differentiable=False))]
         return from_list(picked, ragged_dims=(0,), keep_history=True, sample_shape=(None,))
     vals, m = values_of(nt), mask._values
-    rows = m.reshape(m.shape[0], -1).sum(1)
+    rows = m.reshape(m.shape[0], math.prod(m.shape[1:])).sum(1)
     cum = torch.cat([rows.new_zeros(1), rows.cumsum(0)])
     offsets = cum[nt.host_offsets().to(cum.device)]
     return from_values(vals[m], offsets)
@@ -86,9 +87,19 @@ def apply_(func, nt: NestedTensor, fn: Callable[[Any], Any]) -> NestedTensor:
     return nt
 
 
-@implements_aten(aten._unsafe_view.default)
+@implements(aten._unsafe_view, aten._unsafe_view.default)
 def _unsafe_view(func, nt: NestedTensor, size: Sequence[int]) -> NestedTensor:
-    """``aten._unsafe_view``: the ``reshape`` rule (batch and ragged dims kept) on ``values``."""
+    """``torch.ops.aten._unsafe_view``: the ``reshape`` rule (batch and ragged dims kept) on
+    ``values``, differentiable (a call above autograd)."""
+    dims = _match_target(nt, [int(s) for s in size], "_unsafe_view")
+    static = [n for kind, n in dims if kind == STATIC]
+    vals = values_of(nt)
+    return restructure(nt, vals.reshape(vals.shape[0], *static), dims)
+
+
+@implements_aten(aten._unsafe_view.default)
+def _unsafe_view_aten(func, nt: NestedTensor, size: Sequence[int]) -> NestedTensor:
+    """``aten._unsafe_view`` below autograd (decompositions): as :func:`_unsafe_view`."""
     dims = _match_target(nt, [int(s) for s in size], "_unsafe_view")
     static = [n for kind, n in dims if kind == STATIC]
     return restructure(nt, nt._values.reshape(nt._values.shape[0], *static), dims)
@@ -155,3 +166,10 @@ def index_put(func, nt: NestedTensor, indices: Sequence[Any], values: Tensor, ac
         return nt
     out = nt._values.index_put(idx, values, accumulate)
     return restructure(nt, out, keep_all(nt))
+
+
+@implements_aten(aten.index.Tensor)
+def index(func, nt: NestedTensor, indices: Sequence[Any]) -> Tensor:
+    """``nt[batch, ragged, *rest]`` with integer index tensors (index_put's backward): the dense
+    elements ``(batch[k], ragged[k], ...)``."""
+    return nt._values[tuple(_index_rows(nt, list(indices), "index"))]

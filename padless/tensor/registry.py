@@ -54,7 +54,7 @@ _MODULE_ALIASES = {"torch._C._nn": "torch.nn.functional", "torch._C._VariableFun
 
 def op_name(op: Any) -> str:
     """A readable name for a torch callable or an ATen overload."""
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return str(op)
     name = getattr(op, "__qualname__", None) or getattr(op, "__name__", None)
     if name is not None and "<locals>" in name:  # e.g. F.max_pool2d, made by torch's boolean_dispatch
