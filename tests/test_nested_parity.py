@@ -55,7 +55,8 @@ def test_masked_select_multidim_and_transposed():
     sample's elements in row-major order, as ``torch.masked_select`` on the dense sample does."""
     samples = _samples([(3, 4), (0, 4), (2, 4)], seed=1)
     pl = nested.nested_tensor(samples)
-    for x in (pl, pl.transpose(1, 2)):
+    two = nested.nested_tensor(_samples([(2, 3, 4), (3, 1, 4), (0, 2, 4)], seed=1), ragged_dims=(0, 1))
+    for x in (pl, pl.transpose(1, 2), two, two.transpose(1, 3)):
         out = x.masked_select(x > 0)
         for o, s in zip(out.unbind(), x.unbind()):
             torch.testing.assert_close(o, torch.masked_select(s, s > 0))
