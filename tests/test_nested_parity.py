@@ -66,6 +66,8 @@ def test_masked_select_errors():
     pl = nested.nested_tensor(_samples([(3,), (2,)]))
     with pytest.raises(TypeError, match=r"masked_select\(nt, mask\): mask must be a NestedTensor"):
         torch.masked_select(pl, torch.ones(3, dtype=torch.bool))
+    with pytest.raises(TypeError, match=r"masked_select\(input, mask\): a NestedTensor mask needs a NestedTensor input"):
+        torch.masked_select(torch.ones(3), pl > 0)
     with pytest.raises(TypeError, match="mask must be a bool NestedTensor"):
         torch.masked_select(pl, pl)
     other = nested.nested_tensor(_samples([(3,), (4,)])) > 0
