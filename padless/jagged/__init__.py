@@ -9,6 +9,7 @@ TorchRec; TorchRec itself is optional (``to_torchrec()``/``from_torchrec()``).
 
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.jagged.keyed_jagged import KeyedJaggedTensor
+from padless.jagged import kjt_pytree as _kjt_pytree  # noqa: F401  (registers KeyedJaggedTensor as a pytree node)
 from padless.jagged.keyed_tensor import KeyedTensor
 from padless.jagged.pooling import embedding_bag
 from padless.jagged.collate import collate_sparse
