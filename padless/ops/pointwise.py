@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor.core import NestedTensor, _structure_mismatch, wrap_like
-from padless.tensor.registry import FAST_POINTWISE, implements_aten
+from padless.tensor.registry import FAST_POINTWISE, implements_aten, lend
 from padless.tensor.errors import StructureError
 
 aten = torch.ops.aten
@@ -38,6 +38,7 @@ def _name(func) -> str:
     return func._schema.name.split("::")[-1]
 
 
+@lend("dense_to_rows")
 def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
     """Map a dense operand onto ``ref``'s rows (see module docstring)."""
     k = d.dim()
@@ -191,6 +192,7 @@ class _LazyName:
     __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
 
 
+@lend("pointwise_aten")
 def pointwise_aten(func, *args, **kwargs):
     """Run an elementwise ATen op on packed rows (below autograd)."""
     return run_on_rows(lambda: _name(func), func, args, kwargs, _is_inplace(func))

@@ -38,7 +38,7 @@ from padless.tensor.core import (
     _is_traced,
     envelope_from_sizes,
 )
-from padless.tensor.registry import implements
+from padless.tensor.registry import implements, lend
 from padless.tensor.errors import StructureError
 
 # ---------------------------------------------------------------------------- helpers
@@ -443,3 +443,57 @@ def tensor_split(func, nt: NestedTensor, indices_or_sections=None, dim: int = 0,
     for k in ("sections", "indices", "tensor_indices_or_sections"):
         arg = kwargs.pop(k, arg)
     return _split_like("tensor_split", nt, dim, lambda t, d: torch.tensor_split(t, arg, d))
+
+
+# ------------------------------------------------------------------ indexing inside samples (lent to NestedTensor.__getitem__)
+
+
+def _covers_ragged(e: Any, extent: int) -> bool:
+    """True for a slice that keeps every sample whole along a ragged dim of envelope ``extent``."""
+    return (
+        isinstance(e, slice)
+        and e.start in (None, 0)
+        and e.step in (None, 1)
+        and (e.stop is None or (isinstance(e.stop, int) and e.stop >= extent))
+    )
+
+
+@lend("index_static")
+def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
+    """Basic indexing inside every sample: ints and slices on static dims, None inserts a
+    static dim of extent 1, ragged dims must be taken whole. One indexing of ``values``."""
+    dims = keep_all(nt)
+    new: list[Any] = []
+    vidx: list[Any] = [slice(None)]
+    p = 0
+    for e in entries:
+        if e is None:
+            new.append((STATIC, 1))
+            vidx.append(None)
+            continue
+        kind, n = dims[p]
+        if kind != STATIC:
+            if not _covers_ragged(e, nt._env[p]):
+                raise NotImplementedError(
+                    f"NestedTensor indexing: dim {p + 1} is ragged (samples have different extents along "
+                    f"it), so {e!r} would cut every sample at a different place: of the batch and ragged dims, "
+                    "only the batch dim can be indexed (ragged dims are taken whole). Take the same window from "
+                    f"every sample with x.narrow({p + 1}, start, length), or index samples one by one (x[i])."
+                )
+            new.append(dims[p])
+        elif isinstance(e, slice):
+            if e.step is not None and e.step <= 0:
+                raise StructureError(f"NestedTensor indexing: slice step must be positive, got {e.step} at dim {p + 1}")
+            new.append((STATIC, len(range(n)[e])))
+            vidx.append(e)
+        elif isinstance(e, int) and not isinstance(e, bool):
+            if not -n <= e < n:
+                raise IndexError(f"NestedTensor indexing: index {e} is out of range for static dim {p + 1} of size {n}")
+            vidx.append(e)
+        else:
+            raise NotImplementedError(
+                f"NestedTensor indexing: only ints, slices, None and ... can index the dims inside samples "
+                f"(got {type(e).__name__} at dim {p + 1}); use torch.gather or index x.values() for advanced indexing"
+            )
+        p += 1
+    return restructure(nt, values_of(nt)[tuple(vidx)], new)

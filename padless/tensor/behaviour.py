@@ -11,7 +11,7 @@ from torch import Tensor
 
 from padless.tensor.convert import getitem, unbind_samples
 from padless.tensor.core import NestedTensor, StructureMeta, check_same_structure, inner_tensors, wrap_like
-from padless.tensor.registry import implements, implements_aten
+from padless.tensor.registry import implements, implements_aten, lent
 
 aten = torch.ops.aten
 
@@ -64,9 +64,7 @@ def copy_(func, dst: NestedTensor, src, non_blocking: bool = False) -> NestedTen
         check_same_structure("copy_", dst, src)
         dst._values.copy_(src._values, non_blocking=non_blocking)
     else:
-        from padless.ops.pointwise import dense_to_rows
-
-        dst._values.copy_(dense_to_rows("copy_", src, dst), non_blocking=non_blocking)
+        dst._values.copy_(lent("dense_to_rows")("copy_", src, dst), non_blocking=non_blocking)
     return dst
 
 

@@ -15,6 +15,7 @@ from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, split_rows, values_of
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic
 from padless.tensor.errors import StructureError
+from padless.tensor.registry import lent
 
 
 def _inverse(perm: Sequence[int]) -> list[int]:
@@ -211,58 +212,6 @@ def _expand_index(index: tuple, ndim: int) -> list[Any]:
     return out + ([] if has_ellipsis else [slice(None)] * (ndim - used))
 
 
-def _covers_ragged(e: Any, extent: int) -> bool:
-    """True for a slice that keeps every sample whole along a ragged dim of envelope ``extent``."""
-    return (
-        isinstance(e, slice)
-        and e.start in (None, 0)
-        and e.step in (None, 1)
-        and (e.stop is None or (isinstance(e.stop, int) and e.stop >= extent))
-    )
-
-
-def _index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
-    """Basic indexing inside every sample: ints and slices on static dims, None inserts a
-    static dim of extent 1, ragged dims must be taken whole. One indexing of ``values``."""
-    from padless.ops.structure import STATIC, keep_all, restructure  # the op layer's helpers (lazy: ops imports tensor)
-
-    dims = keep_all(nt)
-    new: list[Any] = []
-    vidx: list[Any] = [slice(None)]
-    p = 0
-    for e in entries:
-        if e is None:
-            new.append((STATIC, 1))
-            vidx.append(None)
-            continue
-        kind, n = dims[p]
-        if kind != STATIC:
-            if not _covers_ragged(e, nt._env[p]):
-                raise NotImplementedError(
-                    f"NestedTensor indexing: dim {p + 1} is ragged (samples have different extents along "
-                    f"it), so {e!r} would cut every sample at a different place: of the batch and ragged dims, "
-                    "only the batch dim can be indexed (ragged dims are taken whole). Take the same window from "
-                    f"every sample with x.narrow({p + 1}, start, length), or index samples one by one (x[i])."
-                )
-            new.append(dims[p])
-        elif isinstance(e, slice):
-            if e.step is not None and e.step <= 0:
-                raise StructureError(f"NestedTensor indexing: slice step must be positive, got {e.step} at dim {p + 1}")
-            new.append((STATIC, len(range(n)[e])))
-            vidx.append(e)
-        elif isinstance(e, int) and not isinstance(e, bool):
-            if not -n <= e < n:
-                raise IndexError(f"NestedTensor indexing: index {e} is out of range for static dim {p + 1} of size {n}")
-            vidx.append(e)
-        else:
-            raise NotImplementedError(
-                f"NestedTensor indexing: only ints, slices, None and ... can index the dims inside samples "
-                f"(got {type(e).__name__} at dim {p + 1}); use torch.gather or index x.values() for advanced indexing"
-            )
-        p += 1
-    return restructure(nt, values_of(nt)[tuple(vidx)], new)
-
-
 def getitem(nt: NestedTensor, index: Any) -> Tensor:
     """``nt[i]`` -> dense sample i (``nt[i, ...]`` indexes into it); a slice, list, int tensor
     or bool mask on the batch dim -> sub-batch; then basic indexing inside every sample:
@@ -292,4 +241,4 @@ def getitem(nt: NestedTensor, index: Any) -> Tensor:
     if whole:
         return nt if len(index) == 1 and index[0] is Ellipsis else select_samples(nt, batch)
     sub = nt if isinstance(batch, slice) and batch == slice(None) else select_samples(nt, batch)
-    return _index_static(sub, rest)
+    return lent("index_static")(sub, rest)  # basic indexing inside samples, lent by padless.ops.shape

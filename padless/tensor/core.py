@@ -13,7 +13,7 @@ from torch import Tensor
 from padless.tensor import layout
 from padless.tensor import validate
 from padless.tensor.errors import StructureError
-from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, op_name
+from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, lent, op_name
 
 
 class NeedsPerSample(Exception):
@@ -683,9 +683,7 @@ def _generic_aten_handler(func):
         return hit
     handler = None
     if torch.Tag.pointwise in func.tags:
-        from padless.ops.pointwise import pointwise_aten
-
-        handler = pointwise_aten
+        handler = lent("pointwise_aten")  # the generic pointwise path, lent by padless.ops.pointwise
     _GENERIC_CACHE[func] = handler
     return handler
 

@@ -106,6 +106,33 @@ def implements_aten(*ops: Any, accepts: str = "packed") -> Callable[[Handler], H
     return _register(ATEN_TABLE, "aten", expanded, accepts)
 
 
+_LENT: dict[str, Callable] = {}
+
+
+def lend(name: str) -> Callable[[Callable], Callable]:
+    """The op layer lends the tensor layer a function by name, so ``padless.tensor``
+    never imports ``padless.ops`` (the dependency arrow points one way: ops -> tensor).
+
+    Lending a different function under a taken name is an error, as for handlers."""
+
+    def deco(fn: Callable) -> Callable:
+        old = _LENT.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise RegistrationError(f"lend(): {name!r} is already lent by {old.__module__}.{old.__qualname__}")
+        _LENT[name] = fn
+        return fn
+
+    return deco
+
+
+def lent(name: str) -> Callable:
+    """The function the op layer lent under ``name``."""
+    fn = _LENT.get(name)
+    if fn is None:
+        raise RuntimeError(f"padless: {name!r} comes from the op layer, which is not loaded; import padless first")
+    return fn
+
+
 def registered() -> list[HandlerInfo]:
     """Every registered handler, function layer first, sorted by op name."""
     return sorted(_INFO.values(), key=lambda h: (h.layer != "function", op_name(h.op)))

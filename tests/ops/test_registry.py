@@ -32,3 +32,22 @@ def test_coverage_cli_prints_markdown_table():
     out = subprocess.run([sys.executable, "-m", "padless.ops", "--markdown"], capture_output=True, text=True, check=True).stdout
     assert "| `torch.nn.functional.linear` | function |" in out
     assert "| `aten._to_copy.default` | aten |" in out
+
+
+def test_the_tensor_layer_borrows_from_the_op_layer_by_name():
+    """padless.tensor never imports padless.ops: the op layer lends what the tensor layer calls."""
+    import pathlib
+
+    import padless
+    from padless.tensor.registry import lend, lent
+
+    root = pathlib.Path(padless.__file__).parent / "tensor"
+    for path in root.glob("*.py"):
+        text = path.read_text()
+        for layer in ("ops", "collate", "loaders", "jagged"):
+            assert f"from padless.{layer}" not in text and f"import padless.{layer}" not in text, (path.name, layer)
+    assert lent("pointwise_aten").__module__ == "padless.ops.pointwise"
+    with pytest.raises(RegistrationError, match="'index_static' is already lent by padless.ops.shape.index_static"):
+        lend("index_static")(lambda nt, entries: nt)
+    with pytest.raises(RuntimeError, match="'nothing' comes from the op layer, which is not loaded"):
+        lent("nothing")
