@@ -146,18 +146,18 @@ def check_each_image(model: nn.Module, images: padless.NestedTensor) -> float:
     return err
 
 
-def classify(root: str, *, steps: int, per_shard: int, low: int, high: int, pixels: int, num_workers: int) -> dict[str, Any]:
-    shards = write_shards(os.path.join(root, "cls"), num_shards=2, per_shard=per_shard, low=low, high=high)
-    collator = padless.Collator({"image": padless.Field(ragged=(1, 2), spatial_plan=STEM), "label": padless.Field()})
-    model = SmallResNet(classes=3)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+def train(model: nn.Module, batches, target: str, lr: float) -> dict[str, Any]:
+    """The ordinary loop: cross-entropy of the model's output against ``batch[target]``.
+
+    For classification the output is ``(B, classes)``; for segmentation it is
+    ``(classes, H_i, W_i)`` per image, and the mean runs over the real pixels of the batch."""
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
     stats: dict[str, Any] = {"losses": [], "real": 0, "padded": 0, "images": 0}
-    for batch in loader(shards, {"image": "jpg;png", "label": "cls"}, collator, steps=steps, pixels=pixels,
-                        num_workers=num_workers):
+    for batch in batches:
         images = batch.image
         if "max_err" not in stats:
             stats["max_err"] = check_each_image(model, images)
-        loss = F.cross_entropy(model(images), batch.label)
+        loss = F.cross_entropy(model(images), batch[target])
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -166,6 +166,14 @@ def classify(root: str, *, steps: int, per_shard: int, low: int, high: int, pixe
         stats["padded"] += images.padded_numel()
         stats["images"] += len(batch)
     return stats
+
+
+def classify(root: str, *, steps: int, per_shard: int, low: int, high: int, pixels: int, num_workers: int) -> dict[str, Any]:
+    shards = write_shards(os.path.join(root, "cls"), num_shards=2, per_shard=per_shard, low=low, high=high)
+    collator = padless.Collator({"image": padless.Field(ragged=(1, 2), spatial_plan=STEM), "label": padless.Field()})
+    batches = loader(shards, {"image": "jpg;png", "label": "cls"}, collator, steps=steps, pixels=pixels,
+                     num_workers=num_workers)
+    return train(SmallResNet(classes=3), batches, "label", lr=3e-3)
 
 
 def segment(root: str, *, steps: int, per_shard: int, low: int, high: int, pixels: int, num_workers: int) -> dict[str, Any]:
@@ -174,24 +182,9 @@ def segment(root: str, *, steps: int, per_shard: int, low: int, high: int, pixel
         "image": padless.Field(ragged=(1, 2), spatial_plan=STEM),
         "mask": padless.Field(ragged=(0, 1)),  # (H_i, W_i) class per pixel
     })
-    model = FCN(SEG_CLASSES)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    stats: dict[str, Any] = {"losses": [], "real": 0, "padded": 0, "images": 0}
-    for batch in loader(shards, {"image": "png", "mask": "mask.npy"}, collator, steps=steps, pixels=pixels,
-                        num_workers=num_workers):
-        images = batch.image
-        if "max_err" not in stats:
-            stats["max_err"] = check_each_image(model, images)
-        logits = model(images)  # (classes, H_i, W_i): every image at its own size
-        loss = F.cross_entropy(logits, batch.mask)  # mean over the real pixels of the batch
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        stats["losses"].append(loss.item())
-        stats["real"] += images.numel()
-        stats["padded"] += images.padded_numel()
-        stats["images"] += len(batch)
-    return stats
+    batches = loader(shards, {"image": "png", "mask": "mask.npy"}, collator, steps=steps, pixels=pixels,
+                     num_workers=num_workers)
+    return train(FCN(SEG_CLASSES), batches, "mask", lr=1e-2)
 
 
 def main(steps: int = 8, per_shard: int = 16, low: int = 16, high: int = 80, pixels: int = 16_000,
