@@ -33,10 +33,40 @@ _BACKWARD_CALLS = (torch.Tensor.backward, torch.autograd.backward, torch.autogra
 #: caches them under ``(name, device)``: their sizes are the row counts that ops create
 #: (``sum N_i**2`` for pairs), so compiled graphs see those counts as symbols. Each name
 #: ``k`` is readable as the attribute ``_k``. See :mod:`padless.ops.compile_rows`.
-CARRIED_INNER: tuple[str, ...] = ("pair_rows",)
+#: Extend it with :func:`register_carried` (never edit in place from another module).
+CARRIED_INNER: list[str] = []
 #: Derived keys that depend on the rows only; ops that keep the rows pass them on.
-ROW_LEVEL_KEYS: tuple[str, ...] = ("row_ids", "cu_seqlens", "pair_rows", "pair_groups")
+ROW_LEVEL_KEYS: list[str] = ["row_ids", "cu_seqlens", "pair_rows", "pair_groups"]
+
+
+def register_carried(name: str, row_level: bool = True) -> str:
+    """Declare a cached map ``meta.derived[(name, device)]`` that ``__tensor_flatten__``
+    flattens as the extra inner tensor ``_<name>`` whenever a structure holds one, so a
+    compiled graph sees its sizes (the row counts an op creates) as symbols.
+
+    ``row_level=True``: the map depends on the rows only, so ops that keep the rows
+    (pointwise math, linear, norms) pass it on to their output. Registering a name twice
+    is harmless; returns ``name``."""
+    if not name.isidentifier():
+        raise ValueError(f"register_carried(): name must be an identifier, got {name!r}")
+    if name not in CARRIED_INNER:
+        CARRIED_INNER.append(name)
+    if "NestedTensor" in globals() and not hasattr(NestedTensor, "_" + name):
+        setattr(NestedTensor, "_" + name, _carried_property(name))
+    if row_level and name not in ROW_LEVEL_KEYS:
+        ROW_LEVEL_KEYS.append(name)
+    return name
 _INT32_MAX = 2**31 - 1
+
+
+def _carried_property(name: str) -> property:
+    """``nt._<name>``: the carried map, which torch's subclass machinery reads by the inner
+    names that ``__tensor_flatten__`` returns."""
+
+    def get(self: "NestedTensor") -> Tensor:
+        return self._meta.derived[(name, self._values.device)]
+
+    return property(get, doc=f"The carried ``{name}`` map (see :func:`register_carried`).")
 
 
 class StructureMeta:
@@ -192,10 +222,6 @@ class NestedTensor(Tensor):
         dev = self._values.device
         return tuple(k for k in CARRIED_INNER if (k, dev) in d)
 
-    @property
-    def _pair_rows(self) -> Tensor:
-        """The carried pair row map (only present after ``padless.prepare_for_compile``)."""
-        return self._meta.derived[("pair_rows", self._values.device)]
 
     def _stable_hash_for_caching(self) -> str:
         """Key for AOTAutograd's cache: the static attributes (inner tensors are keyed by torch)
@@ -492,6 +518,9 @@ def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_o
 #: worker computed (``padless.collate``) is not recomputed by the main process. Plain
 #: tensors in a dict: ``torch.load(weights_only=True)`` accepts them.
 CARRIED_KEYS = ("cu_seqlens", "row_ids")
+
+
+register_carried("pair_rows")  # padless.ops.compile_rows: (sum N_i**2,) pair row map
 
 
 def carried_metadata(nt: NestedTensor) -> dict[str, Any] | None:
