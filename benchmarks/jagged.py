@@ -45,6 +45,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--types-only", action="store_true", help="only the jagged-types table (vs TorchRec)")
+    ap.add_argument("--only", default="", help="jagged-types table: only the cases whose name contains this text")
     args = ap.parse_args()
     if args.types_only:
         torch.set_num_threads(args.threads)
@@ -168,6 +169,8 @@ def types_table(args: argparse.Namespace) -> None:
     base = "torchrec" if "torchrec" in libs else "padless"
     rows = []
     for case in per_lib["padless"]:
+        if args.only not in case:
+            continue
         impls = {name: per_lib[name][case] for name in libs}
         rows += bench.rows_from(case, bench.interleaved(impls, baseline=base, rounds=max(args.rounds, 30), inner=5))
     print(

@@ -13,5 +13,6 @@ from padless.jagged import kjt_pytree as _kjt_pytree  # noqa: F401  (registers K
 from padless.jagged.keyed_tensor import KeyedTensor
 from padless.jagged.pooling import embedding_bag
 from padless.jagged.collate import collate_sparse
+from padless.jagged.validate import validate
 
-__all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "collate_sparse", "embedding_bag"]
+__all__ = ["JaggedTensor", "KeyedJaggedTensor", "KeyedTensor", "collate_sparse", "embedding_bag", "validate"]

@@ -35,9 +35,16 @@ class JaggedTensor:
 
     Give ``lengths`` or ``offsets`` (or both); the other is derived on request and
     cached. Accessors say what they cost: ``lengths()``/``offsets()`` compute (no
-    sync) and cache, ``*_or_none()`` never compute. Built from host (CPU) tensors the
-    structure is validated and a host copy of the offsets is kept, so ``to_dense()``
-    and ``to_padded_dense()`` never wait on a device after ``to(device)``.
+    sync) and cache, ``*_or_none()`` never compute.
+
+    Construction is lazy, as in TorchRec: it checks types and shapes only. The
+    structure of host (CPU) lengths/offsets (lengths >= 0, offsets from 0 and never
+    decreasing, the two agreeing, values long enough) is validated the first time it is
+    needed (``offsets()``/``lengths()`` derived from the other, ``to_dense()``,
+    ``to_padded_dense()``, ``to(device)``, ...), or at once with ``validate()``; an
+    invalid structure raises there with the same message. A host copy of the offsets is
+    kept from then on, so nothing waits on a device after ``to(device)``. Tensors given
+    on a device are trusted (never read back), as in TorchRec.
 
     >>> jt = JaggedTensor(values=torch.tensor([1., 2, 3, 4, 5, 6, 7, 8]),
     ...                   offsets=torch.tensor([0, 2, 2, 3, 4, 5, 8]))
@@ -47,7 +54,7 @@ class JaggedTensor:
     [[1.0, 2.0], [], [3.0], [4.0], [5.0], [6.0, 7.0, 8.0]]
     """
 
-    __slots__ = ("_values", "_weights", "_lengths", "_offsets", "_host_offsets")
+    __slots__ = ("_values", "_weights", "_lengths", "_offsets", "_host_offsets", "_unchecked")
 
     def __init__(
         self,
@@ -76,7 +83,8 @@ class JaggedTensor:
         self._weights = weights
         self._lengths = lengths
         self._offsets = offsets
-        self._host_offsets = C.host_offsets(what, lengths, offsets, values.shape[0])
+        self._host_offsets: Tensor | None = None
+        self._unchecked = True  # the structure checks run on first need (``_host()``)
 
     @classmethod
     def _make(
@@ -91,7 +99,23 @@ class JaggedTensor:
         jt = cls.__new__(cls)
         jt._values, jt._weights, jt._lengths, jt._offsets = values, weights, lengths, offsets
         jt._host_offsets = host_offsets
+        jt._unchecked = False
         return jt
+
+    def _host(self) -> Tensor | None:
+        """Host offsets when known or readable without a sync (None for device-built tensors).
+        The first call on a host-built JaggedTensor validates its structure (the checks
+        construction defers); an invalid one raises here, every time it is asked."""
+        if self._unchecked:
+            self._host_offsets = C.host_offsets("JaggedTensor", self._lengths, self._offsets, self._values.shape[0])
+            self._unchecked = False
+        return self._host_offsets
+
+    def validate(self) -> "JaggedTensor":
+        """Run the structure checks now (a no-op once done, and for tensors on a device, which
+        are trusted); returns self. ``padless.jagged.validate(jt)`` does the same."""
+        self._host()
+        return self
 
     # ------------------------------------------------------------------ accessors
 
@@ -111,6 +135,7 @@ class JaggedTensor:
         """Slice lengths ``(B,)``; derived from offsets on their device (no sync) and cached."""
         if self._lengths is None:
             off = self._require(self._offsets)
+            self._host()  # validate host offsets before deriving from them
             self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
         return self._lengths
 
@@ -126,6 +151,7 @@ class JaggedTensor:
     def offsets(self) -> Tensor:
         """Offsets ``(B+1,)``; derived from lengths on their device (no sync) and cached."""
         if self._offsets is None:
+            self._host()  # validate host lengths before deriving from them
             self._offsets = C.offsets_from_lengths(self._require(self._lengths))
         return self._offsets
 
@@ -135,7 +161,7 @@ class JaggedTensor:
     def host_offsets(self) -> Tensor:
         """Offsets ``(B+1,)`` as a CPU int64 tensor, cached. Syncs once only for a JaggedTensor
         built from device tensors (anything built on the host, then moved, carries it)."""
-        if self._host_offsets is None:
+        if self._host() is None:
             off = self.offsets()
             self._host_offsets = off.to("cpu", torch.int64) if off.numel() else torch.zeros(1, dtype=torch.int64)
         return self._host_offsets
@@ -207,7 +233,8 @@ class JaggedTensor:
         npd = _NUMPY_DTYPES.get(rows.dtype)
         if npd is not None and not rows.requires_grad:
             # no autograd to record: numpy's boolean assignment (no torch dispatch at all)
-            dense = np.full((b, n, *src.shape[1:]), padding_value, dtype=npd)
+            shape = (b, n, *src.shape[1:])
+            dense = np.zeros(shape, dtype=npd) if padding_value == 0 else np.full(shape, padding_value, dtype=npd)
             dense[mask] = rows.numpy()
             return torch.from_numpy(dense)
         out = src.new_full((b, n, *src.shape[1:]), padding_value)
@@ -353,6 +380,7 @@ class JaggedTensor:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "JaggedTensor":
         """Move every tensor; the host offsets travel with it (no later sync)."""
+        self._host()
         return JaggedTensor._make(
             self._values.to(device, non_blocking=non_blocking),
             C.move(self._weights, device, non_blocking),
@@ -362,6 +390,7 @@ class JaggedTensor:
         )
 
     def pin_memory(self) -> "JaggedTensor":
+        self._host()
         return JaggedTensor._make(
             C.pin(self._values),  # type: ignore[arg-type]
             C.pin(self._weights),
@@ -420,11 +449,11 @@ def _pad_mask(ho: np.ndarray, desired_length: int | None) -> tuple[np.ndarray, n
     """Host plan for ``to_padded_dense`` from int64 host offsets (numpy: a few microseconds):
     the ``(B, N)`` mask of real positions, the value rows kept (None unless slices longer
     than ``desired_length`` are truncated) and the width ``N``."""
-    lens = np.diff(ho)
+    lens = ho[1:] - ho[:-1]
     longest = int(lens.max(initial=0))
     n = longest if desired_length is None else int(desired_length)
     if n >= longest:
-        return np.arange(n) < lens[:, None], None, n
+        return lens[:, None] > np.arange(n), None, n
     pos = np.arange(int(ho[-1]), dtype=np.int64) - np.repeat(ho[:-1], lens)
     return np.arange(n) < np.minimum(lens, n)[:, None], np.flatnonzero(pos < n), n
 

@@ -55,6 +55,7 @@ class KeyedJaggedTensor:
         "_offset_per_key",
         "_index_per_key",
         "_host_offsets",
+        "_pending",
         "_jt_dict",
         "_inverse_indices",
     )
@@ -136,23 +137,20 @@ class KeyedJaggedTensor:
             raise StructureError(
                 f"{what}: stride_per_key {list(stride_per_key)} disagrees with the strides {self.stride_per_key()}"
             )
-        # host-side structure (validated when it lives on the host)
-        if lengths is None and offsets is None:
-            host: Tensor | None = torch.zeros(1, dtype=torch.int64)
-        else:
-            host = C.host_offsets(what, lengths, offsets, total)
         self._values = values
         self._weights = weights
         self._lengths = lengths
         self._offsets = offsets
-        self._host_offsets = host
-        lop = self.lengths_offset_per_key()
-        if lengths_offset_per_key is not None and [int(x) for x in lengths_offset_per_key] != lop:
-            raise StructureError(
-                f"{what}: lengths_offset_per_key {list(lengths_offset_per_key)} disagrees with the strides (which give {lop})"
-            )
+        self._host_offsets: Tensor | None = None
+        if lengths_offset_per_key is not None:
+            lop = self.lengths_offset_per_key()
+            if [int(x) for x in lengths_offset_per_key] != lop:
+                raise StructureError(
+                    f"{what}: lengths_offset_per_key {list(lengths_offset_per_key)} disagrees with the strides (which give {lop})"
+                )
         self._length_per_key: list[int] | None = None
         self._offset_per_key: list[int] | None = None
+        blame = ""  # which per-key list the user gave, named if it disagrees with the lengths
         if length_per_key is not None:
             lpk = [int(x) for x in length_per_key]
             if len(lpk) != len(keys):
@@ -162,6 +160,7 @@ class KeyedJaggedTensor:
             if sum(lpk) > total:
                 raise StructureError(f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {total} rows")
             self._length_per_key = lpk
+            blame = "length_per_key"
         if offset_per_key is not None:
             opk = [int(x) for x in offset_per_key]
             if len(opk) != len(keys) + 1 or opk[0] != 0 or opk[-1] > total:
@@ -170,21 +169,51 @@ class KeyedJaggedTensor:
                     f"{total}, got {opk}"
                 )
             self._offset_per_key = opk
-        if host is not None:
-            opk = host.numpy()[lop].tolist()
-            lpk = [b - a for a, b in zip(opk[:-1], opk[1:])]
-            if self._length_per_key is not None and self._length_per_key != lpk:
-                raise StructureError(
-                    f"{what}: length_per_key {self._length_per_key} disagrees with lengths (which give {lpk})"
-                )
-            self._length_per_key, self._offset_per_key = lpk, opk
+            blame = blame or "offset_per_key"
         if self._length_per_key is not None and self._offset_per_key is None:
             self._offset_per_key = C.cumsum_list(self._length_per_key)
         elif self._offset_per_key is not None and self._length_per_key is None:
             o = self._offset_per_key
             self._length_per_key = [b - a for a, b in zip(o[:-1], o[1:])]
+        # the checks that read host lengths/offsets run on first need (``_host()``), as TorchRec defers them
+        self._pending: str | None = blame
         self._index_per_key = dict(index_per_key) if index_per_key is not None else None
         self._jt_dict = dict(jt_dict) if jt_dict is not None else None
+
+    def _host(self) -> Tensor | None:
+        """Host bag offsets when known or readable without a sync (None for a KJT built from
+        device tensors). The first call on a host-built KJT runs the structure checks that
+        construction defers and fills ``length_per_key``/``offset_per_key``; an invalid
+        structure raises here, every time it is asked."""
+        if self._pending is not None:
+            self._finish(self._pending)
+        return self._host_offsets
+
+    def _finish(self, blame: str) -> None:
+        what = "KeyedJaggedTensor"
+        lengths, offsets = self._lengths, self._offsets
+        if lengths is None and offsets is None:
+            host: Tensor | None = torch.zeros(1, dtype=torch.int64)
+        else:
+            host = C.host_offsets(what, lengths, offsets, self._values.shape[0])
+        if host is not None:
+            opk = host.numpy()[self.lengths_offset_per_key()].tolist()
+            if blame and self._offset_per_key != opk:
+                given = self._length_per_key if blame == "length_per_key" else self._offset_per_key
+                lpk = [b - a for a, b in zip(opk[:-1], opk[1:])]
+                raise StructureError(
+                    f"{what}: {blame} {given} disagrees with lengths (which give {lpk if blame == 'length_per_key' else opk})"
+                )
+            self._offset_per_key = opk
+            self._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
+        self._host_offsets = host
+        self._pending = None
+
+    def validate(self) -> "KeyedJaggedTensor":
+        """Run the structure checks now (a no-op once done, and for tensors on a device, which
+        are trusted); returns self. ``padless.jagged.validate(kjt)`` does the same."""
+        self._host()
+        return self
 
     @classmethod
     def _make(
@@ -207,6 +236,7 @@ class KeyedJaggedTensor:
         k._stride, k._stride_per_key_per_rank = stride, stride_per_key_per_rank
         k._length_per_key, k._offset_per_key = length_per_key, offset_per_key
         k._host_offsets = host_offsets
+        k._pending = None
         k._index_per_key = None
         k._jt_dict = None
         k._inverse_indices = inverse_indices
@@ -259,25 +289,30 @@ class KeyedJaggedTensor:
         weighted = [jt.weights_or_none() is not None for jt in jts]
         if any(weighted) and not all(weighted):
             raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
-        hos = [jt._host_offsets for jt in jts]
-        known = all(h is not None for h in hos)
-        ends = [int(h.numpy()[-1]) for h in hos] if known else [None] * len(jts)  # type: ignore[index]
-        values = torch.cat([C.used(jt.values(), e) for jt, e in zip(jts, ends)])  # type: ignore[misc]
-        weights = torch.cat([C.used(jt.weights(), e) for jt, e in zip(jts, ends)]) if all(weighted) else None  # type: ignore[misc]
-        lengths = torch.cat([jt.lengths().reshape(-1) for jt in jts])
-        strides = [jt.batch_size() for jt in jts]
-        variable = force_variable_stride or len(set(strides)) > 1
+        lens = []
+        for jt in jts:
+            if jt._unchecked:  # built lazily by the caller: its deferred checks run now
+                jt._host()
+            ln = jt.lengths()
+            lens.append(ln if ln.dim() == 1 else ln.reshape(-1))
+        strides = [ln.numel() for ln in lens]
+        lengths = torch.cat(lens)
+        # one pass over all keys' lengths gives the bag offsets and the rows each key uses
+        host, ends = _bag_offsets(lengths, strides, [jt._host_offsets for jt in jts])
+        vals = [jt._values for jt in jts]
+        if ends is not None:
+            vals = [C.used(v, e) for v, e in zip(vals, ends)]  # type: ignore[misc]
+        values = torch.cat(vals)
+        weights = None
+        if weighted[0]:
+            ws = [jt._weights for jt in jts]
+            weights = torch.cat(ws if ends is None else [C.used(w, e) for w, e in zip(ws, ends)])  # type: ignore[misc]
+        variable = force_variable_stride or strides.count(strides[0]) != len(strides)
         spkpr = [[s] for s in strides] if variable else None
         stride = max(strides) if variable else strides[0]
-        host = lpk = opk = None
-        if known:
-            lpk = ends
-            opk = C.cumsum_list(lpk)
-            host = _join_host_offsets(hos, opk)  # type: ignore[arg-type]
-        elif lengths.device.type == "cpu":
-            host = C.host_offsets(what, lengths, None, values.shape[0])
-        kjt = KeyedJaggedTensor._make(keys, values, weights, lengths, None, stride, spkpr, lpk, opk, host)
-        if not known and host is not None:
+        opk = None if ends is None else C.cumsum_list(ends)
+        kjt = KeyedJaggedTensor._make(keys, values, weights, lengths, None, stride, spkpr, ends, opk, host)
+        if ends is None:  # device lengths without host metadata: read them, as TorchRec's sync() does
             kjt.sync()
         kjt._jt_dict = dict(jt_dict)
         return kjt
@@ -332,7 +367,7 @@ class KeyedJaggedTensor:
             spkpr,
             kjt._length_per_key,
             kjt._offset_per_key,
-            kjt._host_offsets,
+            kjt._host(),
             None if inv is None else (inv[0], torch.empty_like(inv[1], device=device)),
         )
 
@@ -348,29 +383,42 @@ class KeyedJaggedTensor:
         if any(weighted) and not all(weighted):
             raise ValueError(f"{what}: cannot mix weighted and unweighted KeyedJaggedTensors (weighted: {weighted})")
         keys = [key for k in kjt_list for key in k.keys()]
-        hos = [k._host_offsets for k in kjt_list]
-        known = all(h is not None for h in hos)
-        ends = [int(h.numpy()[-1]) for h in hos] if known else [None] * len(kjt_list)  # type: ignore[index]
-        values = torch.cat([C.used(k.values(), e) for k, e in zip(kjt_list, ends)])  # type: ignore[misc]
-        weights = torch.cat([C.used(k.weights(), e) for k, e in zip(kjt_list, ends)]) if all(weighted) else None  # type: ignore[misc]
-        lengths = torch.cat([k.lengths().reshape(-1) for k in kjt_list])
-        keyed = [k for k in kjt_list if k.keys()]  # a KJT without keys has no batch size to agree on
-        variable = any(k.variable_stride_per_key() for k in keyed) or len({k.stride() for k in keyed}) > 1
-        lpks = [k.length_per_key_or_none() for k in kjt_list]
-        lpk = [x for l in lpks for x in l] if all(l is not None for l in lpks) else None  # type: ignore[union-attr]
+        hos = [k._host() for k in kjt_list]  # a part built lazily by the caller is checked here
+        # rows each part uses (its values may hold an unused tail); None where unknown without a sync
+        ends = [None if o is None else o[-1] for o in (k._offset_per_key for k in kjt_list)]
+        vals = [C.used(k._values, e) for k, e in zip(kjt_list, ends)]
+        values = torch.cat(vals)  # type: ignore[arg-type]
+        weights = torch.cat([C.used(k._weights, e) for k, e in zip(kjt_list, ends)]) if weighted[0] else None  # type: ignore[misc]
+        lens = [k.lengths() for k in kjt_list]
+        lengths = torch.cat([ln if ln.dim() == 1 else ln.reshape(-1) for ln in lens])
+        keyed = [k for k in kjt_list if k._keys]  # a KJT without keys has no batch size to agree on
+        variable = any(k._stride_per_key_per_rank is not None for k in keyed) or any(
+            k._stride != keyed[0]._stride for k in keyed
+        )
+        lpk: list[int] | None = []
+        for k in kjt_list:
+            if k._length_per_key is None:
+                lpk = None
+                break
+            lpk += k._length_per_key  # type: ignore[operator]
+        pending = None
         host = None
-        if known:
+        if lengths.device.type == "cpu":
+            pending = ""  # the bag offsets are one cumsum of the host lengths, done on first need
+        elif all(h is not None for h in hos) and None not in ends:
             host = _join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
         spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
         invs = [k._inverse_indices for k in kjt_list]
         inv = None
         if all(i is not None for i in invs):
             inv = ([x for i in invs for x in i[0]], torch.cat([i[1] for i in invs]))  # type: ignore[index]
-        return KeyedJaggedTensor._make(
+        out = KeyedJaggedTensor._make(
             keys, values, weights, lengths, None,
-            _vbe_stride(spkpr, inv) if spkpr is not None else (keyed or kjt_list)[0].stride(),
+            _vbe_stride(spkpr, inv) if spkpr is not None else (keyed or kjt_list)[0]._stride,
             spkpr, lpk, None if lpk is None else C.cumsum_list(lpk), host, inv,
         )
+        out._pending = pending
+        return out
 
     # ------------------------------------------------------------------ accessors
 
@@ -395,6 +443,7 @@ class KeyedJaggedTensor:
             if off is None:  # built with neither: no bags
                 self._lengths = torch.empty(0, dtype=torch.int32, device=self._values.device)
             else:
+                self._host()  # validate host offsets before deriving from them
                 self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
         return self._lengths
 
@@ -403,6 +452,7 @@ class KeyedJaggedTensor:
 
     def offsets(self) -> Tensor:
         if self._offsets is None:
+            self._host()  # validate host lengths before deriving from them
             self._offsets = C.offsets_from_lengths(self.lengths())
         return self._offsets
 
@@ -482,7 +532,7 @@ class KeyedJaggedTensor:
 
     def host_offsets(self) -> Tensor:
         """Bag offsets as a CPU int64 tensor (cached; reads device offsets once if built on a device)."""
-        if self._host_offsets is None:
+        if self._host() is None:
             self._host_offsets = self.offsets().to("cpu", torch.int64)
         return self._host_offsets
 
@@ -491,6 +541,7 @@ class KeyedJaggedTensor:
         live only on a device); returns self. On the meta device, where nothing can be read,
         the values are split evenly over the keys (the first key takes the remainder), as
         TorchRec does."""
+        self._host()  # a host-built KJT: checks its structure and fills the per-key lists
         if self._length_per_key is None or self._offset_per_key is None:
             if self._host_offsets is None and self._values.is_meta:
                 n, k = self._values.shape[0], len(self._keys)
@@ -537,8 +588,9 @@ class KeyedJaggedTensor:
         s, e = opk[idx], opk[idx + 1]
         w = self._weights
         host = None
-        if self._host_offsets is not None:
-            host = self._host_offsets[lop[idx] : lop[idx + 1] + 1] - s
+        h = self._host()
+        if h is not None:
+            host = torch.from_numpy(h.numpy()[lop[idx] : lop[idx + 1] + 1] - s)
         return JaggedTensor._make(
             self._values[s:e],
             None if w is None else w[s:e],
@@ -556,6 +608,7 @@ class KeyedJaggedTensor:
             if not keys:
                 self._jt_dict = {}
                 return self._jt_dict
+            h = self._host()  # a host-built KJT: checked now
             lpk = self.length_per_key()
             opk = self.offset_per_key()
             spk = self.stride_per_key()
@@ -564,13 +617,23 @@ class KeyedJaggedTensor:
             vals = torch.split(C.used(self._values, end), lpk)  # type: ignore[arg-type]
             w = self._weights
             ws = torch.split(C.used(w, end), lpk) if w is not None else [None] * len(keys)  # type: ignore[arg-type]
-            lengths = self.lengths().reshape(-1)
+            lengths = self.lengths()
+            lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
             lens = torch.split(lengths, spk)
-            offs = self._offsets_per_key(lop) if compute_offsets else [None] * len(keys)
-            hos: list[Tensor | None] = [None] * len(keys)
-            if self._host_offsets is not None:
-                h = self._host_offsets.numpy()
-                hos = [torch.from_numpy(h[lop[i] : lop[i + 1] + 1] - opk[i]) for i in range(len(keys))]
+            n = len(keys)
+            offs: Sequence[Tensor | None] = [None] * n
+            hos: Sequence[Tensor | None] = [None] * n
+            if h is not None and self._stride_per_key_per_rank is None:
+                # one numpy op gives every key's host offsets: rows of a (keys, B+1) strided view
+                per = torch.from_numpy(_per_key_offsets(h.numpy(), n, self._stride))
+                hos = per.unbind(0)
+                if compute_offsets and lengths.device.type == "cpu":
+                    offs = hos if lengths.dtype == torch.int64 else per.to(lengths.dtype).unbind(0)
+            elif h is not None:
+                hn = h.numpy()
+                hos = [torch.from_numpy(hn[lop[i] : lop[i + 1] + 1] - opk[i]) for i in range(n)]
+            if compute_offsets and offs[0] is None:
+                offs = self._offsets_per_key(lop)
             make = JaggedTensor._make
             self._jt_dict = {k: make(vals[i], ws[i], lens[i], offs[i], hos[i]) for i, k in enumerate(keys)}
         return self._jt_dict
@@ -607,8 +670,9 @@ class KeyedJaggedTensor:
 
         lengths = gather(self.lengths().reshape(-1), spk)
         host = None
-        if self._host_offsets is not None:
-            hl = np.diff(self._host_offsets.numpy())
+        h0 = self._host()
+        if h0 is not None:
+            hl = np.diff(h0.numpy())
             sel = np.concatenate([hl[lop[i] : lop[i + 1]] for i in idx]) if idx else hl[:0]
             h = np.empty(sel.size + 1, np.int64)
             h[0] = 0
@@ -642,15 +706,19 @@ class KeyedJaggedTensor:
         opk = self.offset_per_key()
         lop = self.lengths_offset_per_key()
         variable = self.variable_stride_per_key()
-        spkpr = self._per_key_ranks()
-        lengths = self.lengths().reshape(-1)
+        spkpr = self._per_key_ranks() if variable else None
+        lengths = self.lengths()
+        lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
+        h = self._host()
+        hn = None if h is None else h.numpy()
+        lpk = self._length_per_key
         out = []
         start = 0
         for seg in segments:
             end = start + seg
             s, e = opk[start], opk[end]
             ls, le = lop[start], lop[end]
-            host = None if self._host_offsets is None else self._host_offsets[ls : le + 1] - s
+            host = None if hn is None else torch.from_numpy(hn[ls : le + 1] - s)
             out.append(
                 KeyedJaggedTensor._make(
                     self._keys[start:end],
@@ -659,8 +727,8 @@ class KeyedJaggedTensor:
                     lengths[ls:le],
                     None,
                     self._stride,
-                    spkpr[start:end] if variable else None,
-                    self._length_per_key[start:end] if self._length_per_key is not None else None,
+                    spkpr[start:end] if spkpr is not None else None,
+                    lpk[start:end] if lpk is not None else None,
                     [o - s for o in opk[start : end + 1]],
                     host,
                 )
@@ -671,6 +739,7 @@ class KeyedJaggedTensor:
     # ------------------------------------------------------------------ moves
 
     def _with(self, f: Callable[[Tensor | None], Tensor | None]) -> "KeyedJaggedTensor":
+        self._host()  # host metadata travels with the moved KJT (checked first)
         inv = self._inverse_indices
         return KeyedJaggedTensor._make(
             self._keys,
@@ -756,6 +825,37 @@ def _vbe_stride(spkpr: list[list[int]], inverse_indices: tuple[list[str], Tensor
     if inverse_indices is not None and inverse_indices[1].numel() > 0:
         return int(inverse_indices[1].shape[-1])
     return max((sum(r) for r in spkpr), default=0)
+
+
+def _bag_offsets(
+    lengths: Tensor, strides: Sequence[int], hos: Sequence[Tensor | None]
+) -> tuple[Tensor | None, list[int] | None]:
+    """Host bag offsets of concatenated parts and the rows each part uses, in one pass.
+
+    ``lengths`` are the parts' lengths concatenated (part i has ``strides[i]`` bags) and
+    ``hos`` their host offsets where known. Host lengths: one cumsum over all of them.
+    Device lengths: the parts' host offsets joined, when every part has them; else
+    ``(None, None)`` (reading them is a sync, left to the caller).
+    """
+    if lengths.device.type == "cpu":
+        ln = lengths.numpy() if not lengths.requires_grad else lengths.detach().numpy()
+        host = np.zeros(ln.size + 1, np.int64)
+        host[1:] = ln
+        np.cumsum(host, out=host)
+        cut = host[C.cumsum_list(strides)]
+        return torch.from_numpy(host), (cut[1:] - cut[:-1]).tolist()
+    if any(h is None for h in hos):
+        return None, None
+    ends = [int(h.numpy()[-1]) for h in hos]  # type: ignore[union-attr]
+    return _join_host_offsets(hos, C.cumsum_list(ends)), ends  # type: ignore[arg-type]
+
+
+def _per_key_offsets(hn: np.ndarray, keys: int, stride: int) -> np.ndarray:
+    """Every key's offsets from 0, ``(keys, stride + 1)``, from the bag offsets of a fixed-batch
+    KJT: row i is ``hn[i*stride : (i+1)*stride + 1] - hn[i*stride]`` (a strided view, one subtraction)."""
+    hn = np.ascontiguousarray(hn, dtype=np.int64)
+    view = np.ndarray((keys, stride + 1), np.int64, buffer=hn, strides=(stride * 8, 8))
+    return view - view[:, :1]
 
 
 def _join_host_offsets(hos: Sequence[Tensor], starts: Sequence[int]) -> Tensor:

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["jagged_tensor", "keyed_jagged", "keyed_tensor", "pooling", "collate"]
+MODULES = ["jagged_tensor", "keyed_jagged", "keyed_tensor", "pooling", "collate", "validate"]
 
 
 @pytest.mark.parametrize("name", MODULES)

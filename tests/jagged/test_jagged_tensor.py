@@ -79,19 +79,14 @@ def test_to_keeps_host_offsets_so_nothing_syncs():
     assert [t.shape[0] for t in jt.to_dense_weights()] == [2, 0, 1, 1, 1, 3]
 
 
+# checked at construction: types, ranks and counts (no data is read)
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(values=torch.arange(3.0), lengths=torch.tensor([2, 2])), "the lengths cover 4 rows but values has only 3"),
-        (dict(values=torch.arange(4.0), lengths=torch.tensor([5, -1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
-        (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 3, 2, 4])), r"offsets must not decrease, but offsets\[1\] = 3 > offsets\[2\] = 2"),
-        (dict(values=torch.arange(4.0), offsets=torch.tensor([1, 2, 4])), r"offsets must start at 0, got offsets\[0\] = 1"),
-        (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 2, 5])), "the lengths cover 5 rows but values has only 4"),
         (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), r"weights must have the shape of values or one weight per row, got weights \(3,\) and values \(4,\)"),
         (dict(values=torch.arange(4.0), lengths=torch.ones(2, 2, dtype=torch.int64)), r"lengths must be 1-D, got shape \(2, 2\)"),
         (dict(values=torch.arange(4.0)), "pass lengths= or offsets="),
         (dict(values=torch.arange(4.0), lengths=torch.tensor([2.0, 2.0])), "lengths must be an integer tensor"),
-        (dict(values=torch.arange(4.0), lengths=torch.tensor([2, 2]), offsets=torch.tensor([0, 1, 4])), "lengths and offsets disagree"),
         (dict(values=torch.arange(4.0), lengths=torch.tensor([2, 2]), offsets=torch.tensor([0, 4])), r"offsets must have len\(lengths\) \+ 1 = 3 entries, got 2"),
         (dict(values=torch.tensor(1.0), lengths=torch.tensor([1])), "values must have a row dim"),
     ],
@@ -99,6 +94,47 @@ def test_to_keeps_host_offsets_so_nothing_syncs():
 def test_validation_errors(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         JaggedTensor(**kwargs)
+
+
+# the structure of host lengths/offsets: checked on first need (construction is lazy, as in TorchRec)
+DEFERRED = [
+    (dict(values=torch.arange(3.0), lengths=torch.tensor([2, 2])), "the lengths cover 4 rows but values has only 3"),
+    (dict(values=torch.arange(4.0), lengths=torch.tensor([5, -1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
+    (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 3, 2, 4])), r"offsets must not decrease, but offsets\[1\] = 3 > offsets\[2\] = 2"),
+    (dict(values=torch.arange(4.0), offsets=torch.tensor([1, 2, 4])), r"offsets must start at 0, got offsets\[0\] = 1"),
+    (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 2, 5])), "the lengths cover 5 rows but values has only 4"),
+    (dict(values=torch.arange(4.0), lengths=torch.tensor([2, 2]), offsets=torch.tensor([0, 1, 4])), "lengths and offsets disagree"),
+]
+FIRST_USES = {
+    "validate": lambda jt: jt.validate(),
+    "padless.jagged.validate": padless.jagged.validate,
+    "to_dense": lambda jt: jt.to_dense(),
+    "to_padded_dense": lambda jt: jt.to_padded_dense(),
+    "host_offsets": lambda jt: jt.host_offsets(),
+    "to(meta)": lambda jt: jt.to("meta"),
+    "to_nested": lambda jt: jt.to_nested(),
+}
+
+
+@pytest.mark.parametrize("use", list(FIRST_USES))
+@pytest.mark.parametrize("kwargs, match", DEFERRED)
+def test_structure_errors_on_first_use(kwargs, match, use):
+    jt = JaggedTensor(**kwargs)  # lazy: types and shapes only
+    for _ in range(2):  # an invalid structure stays invalid: asked again, it raises again
+        with pytest.raises(padless.StructureError, match=match):
+            FIRST_USES[use](jt)
+
+
+def test_derived_lengths_and_offsets_are_validated_first():
+    with pytest.raises(padless.StructureError, match=r"lengths must be >= 0, but lengths\[1\] = -1"):
+        JaggedTensor(torch.arange(4.0), lengths=torch.tensor([5, -1])).offsets()
+    with pytest.raises(padless.StructureError, match=r"offsets must start at 0"):
+        JaggedTensor(torch.arange(4.0), offsets=torch.tensor([1, 2, 4])).lengths()
+    ok = JaggedTensor(torch.arange(4.0), lengths=torch.tensor([1, 3]))
+    assert ok.validate() is ok and padless.jagged.validate(ok) is ok and ok.offsets().tolist() == [0, 1, 4]
+    # tensors on a device are trusted (never read back), as in TorchRec
+    meta = JaggedTensor(torch.empty(4, device="meta"), lengths=torch.empty(2, dtype=torch.int64, device="meta"))
+    assert meta.validate() is meta
 
 
 def test_other_errors():

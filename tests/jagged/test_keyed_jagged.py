@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+import padless
 from padless.jagged import JaggedTensor, KeyedJaggedTensor
 
 
@@ -23,7 +24,9 @@ Cc = [[], [9], []]
 
 def test_host_metadata_is_precomputed():
     kjt = _kjt()
-    assert kjt.length_per_key_or_none() == [3, 5, 1]  # built from host lengths: known at once
+    assert kjt.length_per_key_or_none() is None  # construction is lazy, as in TorchRec
+    assert kjt.validate() is kjt
+    assert kjt.length_per_key_or_none() == [3, 5, 1]  # host lengths: known once checked, no sync
     assert kjt.offset_per_key_or_none() == [0, 3, 8, 9]
     assert kjt.lengths_offset_per_key() == [0, 3, 6, 9]
     assert kjt.offsets_or_none() is None and kjt.offsets().tolist() == [0, 2, 2, 3, 4, 5, 8, 8, 9, 9]
@@ -145,16 +148,15 @@ def test_device_built_without_host_metadata_syncs_only_on_request():
     assert {k: j.values().shape[0] for k, j in kjt.to_dict().items()} == {"a": 2, "b": 1}
 
 
+# checked at construction: types, counts, strides and the shapes of given per-key lists (no data read)
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1])), r"keys and lengths disagree: 3 lengths cannot be split evenly over 2 keys"),
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1]), stride=2), r"keys and lengths disagree: 1 keys x stride 2 = 2 lengths expected, got 3"),
-        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 3])), "the lengths cover 4 rows but values has only 3"),
-        (dict(keys=["a", "b"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), r"offsets must not decrease, but offsets\[1\] = 2 > offsets\[2\] = 1"),
         (dict(keys=["a"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([3])), r"weights must have the shape of values or one weight per row, got weights \(2,\) and values \(3,\)"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[3]), r"keys and length_per_key disagree: 2 keys, 1 lengths \[3\]"),
-        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 1]), r"length_per_key \[2, 1\] disagrees with lengths \(which give \[1, 2\]\)"),
+        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 3]), r"length_per_key \[2, 3\] sums to 5 but values has 3 rows"),
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [1]]), "stride_per_key_per_rank has 2 entries but there are only 1 keys"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1]]), r"stride_per_key_per_rank \[\[1\]\] needs 1 lengths, got 2"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [2]]), r"keys and lengths disagree: stride_per_key_per_rank \[\[1\], \[2\]\] needs 3 lengths, got 2"),
@@ -168,6 +170,54 @@ def test_device_built_without_host_metadata_syncs_only_on_request():
 def test_validation_errors(kwargs, match):
     with pytest.raises((ValueError, TypeError), match=match):
         KeyedJaggedTensor(**kwargs)
+
+
+# what reads host lengths/offsets is checked on first need (construction is lazy, as in TorchRec)
+DEFERRED = [
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 3])), "the lengths cover 4 rows but values has only 3"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([2, -1, 1, 1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
+    (dict(keys=["a", "b"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), r"offsets must not decrease, but offsets\[1\] = 2 > offsets\[2\] = 1"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 1]), r"length_per_key \[2, 1\] disagrees with lengths \(which give \[1, 2\]\)"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), offset_per_key=[0, 2, 3]), r"offset_per_key \[0, 2, 3\] disagrees with lengths \(which give \[0, 1, 3\]\)"),
+]
+FIRST_USES = {
+    "validate": lambda k: k.validate(),
+    "padless.jagged.validate": padless.jagged.validate,
+    "sync": lambda k: k.sync(),
+    "to_dict": lambda k: k.to_dict(),
+    "getitem": lambda k: k["a"],
+    "permute": lambda k: k.permute([1, 0]),
+    "split": lambda k: k.split([1, 1]),
+    "concat": lambda k: KeyedJaggedTensor.concat([k, k]),
+    "to(meta)": lambda k: k.to("meta"),
+    "host_offsets": lambda k: k.host_offsets(),
+    "str": str,
+}
+
+
+@pytest.mark.parametrize("use", list(FIRST_USES))
+@pytest.mark.parametrize("kwargs, match", DEFERRED)
+def test_structure_errors_on_first_use(kwargs, match, use):
+    kjt = KeyedJaggedTensor(**kwargs)  # lazy: types, counts and strides only
+    for _ in range(2):  # an invalid structure stays invalid: asked again, it raises again
+        with pytest.raises(padless.StructureError, match=match):
+            FIRST_USES[use](kjt)
+
+
+def test_derived_lengths_and_offsets_are_checked_first():
+    with pytest.raises(padless.StructureError, match=r"lengths must be >= 0, but lengths\[1\] = -1"):
+        KeyedJaggedTensor(["a"], torch.arange(3), lengths=torch.tensor([4, -1])).offsets()
+    with pytest.raises(padless.StructureError, match=r"offsets must not decrease"):
+        KeyedJaggedTensor(["a"], torch.arange(3), offsets=torch.tensor([0, 2, 1])).lengths()
+    # tensors on a device are trusted (never read back), as in TorchRec
+    meta = KeyedJaggedTensor(["a"], torch.empty(3, device="meta"), lengths=torch.empty(2, dtype=torch.int64, device="meta"))
+    assert meta.validate() is meta and meta.length_per_key_or_none() is None
+
+
+def test_from_jt_dict_checks_lazily_built_jagged_tensors():
+    bad = {"a": JaggedTensor(torch.arange(3), lengths=torch.tensor([2, 2]))}
+    with pytest.raises(padless.StructureError, match="the lengths cover 4 rows but values has only 3"):
+        KeyedJaggedTensor.from_jt_dict(bad)
 
 
 def test_from_jt_dict_weight_mismatch():

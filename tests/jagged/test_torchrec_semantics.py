@@ -201,6 +201,6 @@ def test_pytree_nodes():
 
 def test_structure_errors_are_structure_errors():
     with pytest.raises(padless.StructureError, match=r"lengths must be >= 0, but lengths\[0\] = -1"):
-        JaggedTensor(torch.arange(3), lengths=torch.tensor([-1, 4]))
+        JaggedTensor(torch.arange(3), lengths=torch.tensor([-1, 4])).validate()
     with pytest.raises(RuntimeError, match="keys and lengths disagree"):  # what TorchRec-style code catches
         KeyedJaggedTensor(["a", "b"], torch.arange(3), lengths=torch.tensor([1, 1, 1]))
