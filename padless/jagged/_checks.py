@@ -79,11 +79,8 @@ def host_offsets(what: str, lengths: Tensor | None, offsets: Tensor | None, tota
     if lengths is not None and is_host(lengths):
         ln = _np(lengths) if lengths.numel() else np.zeros(0, np.int64)
         if ln.size and ln.min() < 0:
-            i = int(np.flatnonzero(ln < 0)[0])
-            raise StructureError(f"{what}: lengths must be >= 0, but lengths[{i}] = {int(ln[i])}")
-        host = np.zeros(ln.size + 1, np.int64)
-        host[1:] = ln
-        np.cumsum(host, out=host)  # in place, int64 (a casting cumsum is much slower)
+            raise _negative(what, ln)
+        host = _cumsum(ln)
     if offsets is not None and is_host(offsets):
         of = _np(offsets).astype(np.int64, copy=False) if offsets.numel() else np.zeros(1, np.int64)
         if of[0] != 0:
@@ -103,11 +100,44 @@ def host_offsets(what: str, lengths: Tensor | None, offsets: Tensor | None, tota
     if host is None:
         return None
     if int(host[-1]) > total:
-        raise StructureError(
-            f"{what}: the lengths cover {int(host[-1])} rows but values has only {total}; "
-            "values must hold at least sum(lengths) rows"
-        )
+        raise _too_short(what, int(host[-1]), total)
     return torch.from_numpy(host if host.flags.c_contiguous and host.flags.writeable else host.copy())
+
+
+def key_offsets(what: str, lengths: Tensor, keys: int, stride: int, total: int) -> list[int]:
+    """``offset_per_key`` of a fixed-batch KJT from its host lengths ``(keys * stride,)``,
+    validated as ``host_offsets`` validates them: one min and one row sum, no cumsum."""
+    ln = _np(lengths)
+    if ln.min() < 0:
+        raise _negative(what, ln)
+    opk = cumsum_list(ln.reshape(keys, stride).sum(1).tolist())
+    if opk[-1] > total:
+        raise _too_short(what, opk[-1], total)
+    return opk
+
+
+def cumsum_host(lengths: Tensor) -> Tensor:
+    """``[0, cumsum(lengths)...]`` of (already checked) host lengths, int64 on the CPU."""
+    return torch.from_numpy(_cumsum(_np(lengths) if lengths.numel() else np.zeros(0, np.int64)))
+
+
+def _cumsum(ln: np.ndarray) -> np.ndarray:
+    host = np.zeros(ln.size + 1, np.int64)
+    host[1:] = ln
+    np.cumsum(host, out=host)  # in place, int64 (a casting cumsum is much slower)
+    return host
+
+
+def _negative(what: str, ln: np.ndarray) -> StructureError:
+    i = int(np.flatnonzero(ln < 0)[0])
+    return StructureError(f"{what}: lengths must be >= 0, but lengths[{i}] = {int(ln[i])}")
+
+
+def _too_short(what: str, covered: int, total: int) -> StructureError:
+    return StructureError(
+        f"{what}: the lengths cover {covered} rows but values has only {total}; "
+        "values must hold at least sum(lengths) rows"
+    )
 
 
 def check_weights(what: str, weights: Tensor | None, values: Tensor) -> None:

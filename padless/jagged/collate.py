@@ -102,5 +102,5 @@ def collate_sparse(
     kjt = KeyedJaggedTensor(
         keys, values, weights, lengths=torch.tensor(lengths, dtype=lengths_dtype), stride=b
     )
-    kjt.validate()  # in the worker: host offsets and per-key lists travel with the batch
+    kjt.validate().host_offsets()  # in the worker: host offsets and per-key lists travel with the batch
     return kjt.pin_memory() if pin_memory else kjt

@@ -186,18 +186,35 @@ class KeyedJaggedTensor:
         construction defers and fills ``length_per_key``/``offset_per_key``; an invalid
         structure raises here, every time it is asked."""
         if self._pending is not None:
-            self._finish(self._pending)
+            self._check()
+            if self._pending is _CHECKED:  # checked host lengths: the offsets are one cumsum
+                self._host_offsets = C.cumsum_host(self._lengths)  # type: ignore[arg-type]
+                self._pending = None
         return self._host_offsets
 
-    def _finish(self, blame: str) -> None:
+    def _check(self) -> None:
+        """The structure checks construction defers; fills ``length_per_key``/``offset_per_key``.
+        Host lengths alone (the common case) take one min and one per-key sum, leaving the
+        bag offsets' cumsum to the first op that needs them."""
+        blame = self._pending
+        if blame is None or blame is _CHECKED:
+            return
         what = "KeyedJaggedTensor"
         lengths, offsets = self._lengths, self._offsets
-        if lengths is None and offsets is None:
-            host: Tensor | None = torch.zeros(1, dtype=torch.int64)
+        total = self._values.shape[0]
+        if (
+            offsets is None and lengths is not None and self._stride_per_key_per_rank is None
+            and lengths.numel() and lengths.device.type == "cpu"
+        ):
+            opk: list[int] | None = C.key_offsets(what, lengths, len(self._keys), self._stride, total)
+            host = None
         else:
-            host = C.host_offsets(what, lengths, offsets, self._values.shape[0])
-        if host is not None:
-            opk = host.numpy()[self.lengths_offset_per_key()].tolist()
+            if lengths is None and offsets is None:
+                host = torch.zeros(1, dtype=torch.int64)
+            else:
+                host = C.host_offsets(what, lengths, offsets, total)
+            opk = None if host is None else host.numpy()[self.lengths_offset_per_key()].tolist()
+        if opk is not None:
             if blame and self._offset_per_key != opk:
                 given = self._length_per_key if blame == "length_per_key" else self._offset_per_key
                 lpk = [b - a for a, b in zip(opk[:-1], opk[1:])]
@@ -207,12 +224,12 @@ class KeyedJaggedTensor:
             self._offset_per_key = opk
             self._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
         self._host_offsets = host
-        self._pending = None
+        self._pending = _CHECKED if opk is not None and host is None else None
 
     def validate(self) -> "KeyedJaggedTensor":
         """Run the structure checks now (a no-op once done, and for tensors on a device, which
         are trusted); returns self. ``padless.jagged.validate(kjt)`` does the same."""
-        self._host()
+        self._check()
         return self
 
     @classmethod
@@ -383,7 +400,8 @@ class KeyedJaggedTensor:
         if any(weighted) and not all(weighted):
             raise ValueError(f"{what}: cannot mix weighted and unweighted KeyedJaggedTensors (weighted: {weighted})")
         keys = [key for k in kjt_list for key in k.keys()]
-        hos = [k._host() for k in kjt_list]  # a part built lazily by the caller is checked here
+        for k in kjt_list:
+            k._check()  # a part built lazily by the caller is checked here
         # rows each part uses (its values may hold an unused tail); None where unknown without a sync
         ends = [None if o is None else o[-1] for o in (k._offset_per_key for k in kjt_list)]
         vals = [C.used(k._values, e) for k, e in zip(kjt_list, ends)]
@@ -403,10 +421,14 @@ class KeyedJaggedTensor:
             lpk += k._length_per_key  # type: ignore[operator]
         pending = None
         host = None
-        if lengths.device.type == "cpu":
-            pending = ""  # the bag offsets are one cumsum of the host lengths, done on first need
-        elif all(h is not None for h in hos) and None not in ends:
-            host = _join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
+        if lengths.device.type == "cpu" and lpk is not None:
+            pending = _CHECKED  # the parts are checked: the bag offsets are one cumsum, on first need
+        elif lengths.device.type == "cpu":
+            pending = ""
+        elif None not in ends:
+            hos = [k._host() for k in kjt_list]
+            if all(h is not None for h in hos):
+                host = _join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
         spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
         invs = [k._inverse_indices for k in kjt_list]
         inv = None
@@ -541,7 +563,7 @@ class KeyedJaggedTensor:
         live only on a device); returns self. On the meta device, where nothing can be read,
         the values are split evenly over the keys (the first key takes the remainder), as
         TorchRec does."""
-        self._host()  # a host-built KJT: checks its structure and fills the per-key lists
+        self._check()  # a host-built KJT: checks its structure and fills the per-key lists
         if self._length_per_key is None or self._offset_per_key is None:
             if self._host_offsets is None and self._values.is_meta:
                 n, k = self._values.shape[0], len(self._keys)
@@ -808,6 +830,9 @@ class KeyedJaggedTensor:
             f"length_per_key={self._length_per_key}, values={tuple(self._values.shape)}, "
             f"dtype={self._values.dtype}, device={self.device()}{w})"
         )
+
+
+_CHECKED = "<checked>"  # ``_pending``: structure checked, host bag offsets not computed yet
 
 
 def _spkpr_list(spkpr: Sequence[Sequence[int]] | Tensor | None) -> list[list[int]] | None:
