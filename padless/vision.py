@@ -39,13 +39,17 @@ from torch import Tensor
 
 from padless.ops.patchify import _check_images, _pair, _patch_rows
 from padless.ops.shape import from_host_structure, host_structure
+from padless.ops.vision_compiled import AxisMap, prepare_images_for_compile
 from padless.ops.structure import RAGGED, STATIC, keep_all, restructure
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape
 from padless.tensor.errors import StructureError
 
-__all__ = ["apply_rope_2d", "drop_tokens", "factorized_pos_embed", "grid_sizes", "interpolate_pos_embed", "rope_2d", "take_tokens"]
+__all__ = [
+    "AxisMap", "apply_rope_2d", "drop_tokens", "factorized_pos_embed", "grid_sizes", "interpolate_pos_embed",
+    "prepare_for_compile", "rope_2d", "take_tokens",
+]
 
 Patch = int | Sequence[int]
 
@@ -54,6 +58,38 @@ def grid_sizes(images: NestedTensor, patch: Patch) -> Tensor:
     """Every image's patch grid ``(h_i, w_i)`` as a CPU int64 ``(B, 2)`` tensor (host metadata,
     no sync). Sides must be multiples of the patch, as for :func:`padless.patchify`."""
     return _grid("grid_sizes", images, patch)[0]
+
+
+def prepare_for_compile(
+    images: NestedTensor,
+    strides: Sequence[int | tuple[int, int]] = (2, 4, 8, 16, 32),
+    levels: Sequence[AxisMap | tuple[AxisMap, AxisMap]] = (),
+    patch: Patch | Sequence[Patch] | None = None,
+) -> NestedTensor:
+    """Make ``images`` ``(C, H_i, W_i)`` ready for a compiled CNN (``torch.compile(fullgraph=True)``).
+
+    Strided layers create image sizes whose pixel counts ``sum_i oh_i * ow_i`` the compiler
+    must see as symbols, not data: this carries, on the batch's structure, one map per
+    image-size level (see :mod:`padless.ops.vision_compiled`). ``strides`` adds
+    ``ceil(H_i/s) x ceil(W_i/s)`` for each ``s``, the sizes after "same"-padded stride-``s``
+    stacks (ResNets, FCNs); ``levels`` adds other :class:`AxisMap` levels (``AxisMap(1, -2, 1)``:
+    ``n - 2``, an unpadded 3x3 layer); ``patch`` (``p``, ``(ph, pw)`` or a list of them) adds
+    what :func:`padless.patchify` and kernel == stride convolutions need. Layers of stride 1
+    that keep the size, integer upsampling and ``F.interpolate(y, size=images)`` need no map.
+    Call it outside the compiled function, once per batch (cheap host work; a Collator
+    worker can call it); returns ``images``. A layer whose level is missing raises under
+    compile, naming the level to add.
+
+    >>> x = prepare_for_compile(padless.from_list([torch.randn(3, 40, 56), torch.randn(3, 33, 17)]))
+    >>> logits = torch.compile(resnet, fullgraph=True)(x)
+    """
+    from padless.ops.vision_traced import prepare_patches
+
+    prepare_images_for_compile(images, strides, levels)
+    if patch is not None:
+        many = isinstance(patch, (list, tuple)) and any(isinstance(p, (list, tuple)) for p in patch) or isinstance(patch, list)
+        prepare_patches(images, [_pair("prepare_for_compile", "patch", p) for p in (patch if many else [patch])])
+    return images
 
 
 def _grid(op: str, images: NestedTensor, patch: Patch) -> tuple[Tensor, Tensor, Tensor]:

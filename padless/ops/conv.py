@@ -40,7 +40,8 @@ from padless.ops.spatial import (
     too_small_error,
 )
 from padless.tensor.autograd import values_of
-from padless.tensor.core import NestedTensor
+from padless.ops import vision_traced
+from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
 
@@ -209,6 +210,8 @@ def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None
             f"the images have {c}"
         )
     g = Geometry(k, st, pad, dil)
+    if _is_traced(x._values):  # torch.compile: symbolic row counts, the eager op as one opaque call
+        return vision_traced.traced_conv2d(x, weight, bias, stride, padding, dilation, groups, g)
     plan_free = st == k and pad == (0, 0, 0, 0) and dil == (1, 1) and groups == 1
     if plan_free and x._ragged == (1, 2) and x._values.shape[1] == weight.shape[1]:
         hw, _ = image_hw("conv2d", x)

@@ -121,6 +121,10 @@ def patchify(images: NestedTensor, patch: Patch) -> NestedTensor:
     """
     _check_images("patchify", images)
     kh, kw = _pair("patchify", "patch", patch)
+    if _is_traced(images._values):  # torch.compile: see padless.ops.vision_compiled
+        from padless.ops.vision_traced import traced_patchify
+
+        return traced_patchify(images, kh, kw)
     tok, grid, tok_off = _tokens("patchify", images, kh, kw, True)
     sizes = torch.stack([grid.prod(1), torch.full_like(grid[:, 0], tok.shape[1])], 1)
     return from_host_structure(tok, sizes, (0,), images, tok_off)
@@ -148,6 +152,10 @@ def unpatchify(tokens: NestedTensor, patch: Patch, image_sizes: Tensor | NestedT
     if feat % (kh * kw):
         raise StructureError(f"unpatchify(): {feat} token features are not a multiple of the patch area {kh * kw}")
     c = feat // (kh * kw)
+    if _is_traced(tokens._values):  # torch.compile: see padless.ops.vision_compiled
+        from padless.ops.vision_traced import traced_unpatchify
+
+        return traced_unpatchify(tokens, kh, kw, image_sizes)
     if isinstance(image_sizes, NestedTensor):
         hw = host_structure(image_sizes, "unpatchify")[0][:, -2:]
     else:

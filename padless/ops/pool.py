@@ -24,7 +24,8 @@ from torch import Tensor
 from padless.ops.conv import _on_blocks, _validate
 from padless.ops.spatial import RECT_LIMIT, Geometry, _cache_of, spatial_plan, to_pair, to_padding
 from padless.tensor.autograd import rewrap, values_of
-from padless.tensor.core import NestedTensor, _fmt_shape
+from padless.ops import vision_traced
+from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
 
@@ -65,6 +66,8 @@ def max_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, d
             "own H_i*W_i have no packed form yet); pool with return_indices=False, or per image on x.unbind()"
         )
     g = _geometry("max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
+    if _is_traced(x._values):  # torch.compile: see padless.ops.vision_compiled
+        return vision_traced.traced_pool("max_pool2d", x, g, (kernel_size, stride, padding, dilation, ceil_mode))
     plan = spatial_plan("max_pool2d", x, g)
     c = x._values.shape[1]
     pad = (g.padding[0], g.padding[2])
@@ -78,6 +81,9 @@ def avg_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, c
     count torch uses for that window of that image (padding counted or not, ceil-mode edges)."""
     x = _images("avg_pool2d", input)
     g = _geometry("avg_pool2d", kernel_size, stride, padding, 1, ceil_mode)
+    if _is_traced(x._values):  # torch.compile: see padless.ops.vision_compiled
+        spec = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        return vision_traced.traced_pool("avg_pool2d", x, g, spec)
     plan = spatial_plan("avg_pool2d", x, g)
     c = x._values.shape[1]
     pad = (g.padding[0], g.padding[2])
@@ -135,6 +141,8 @@ def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
             "(None would keep each image's own size; that output is ragged and not supported)"
         )
     oh, ow = osz
+    if _is_traced(x._values):  # torch.compile: B * oh * ow rows, the eager op as one opaque call
+        return vision_traced.traced_adaptive(op, x, oh, ow)
     cache = _cache_of(op, x)
     c = x._values.shape[1]
     for i in (cache.hw.prod(1) == 0).nonzero().flatten().tolist():

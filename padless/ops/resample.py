@@ -40,7 +40,7 @@ from torch import Tensor
 
 from padless.ops.shape import host_structure
 from padless.ops.size_groups import apply_by_shape
-from padless.tensor.core import NestedTensor
+from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
 
@@ -118,6 +118,12 @@ def interpolate(
     torch's error for that image, naming it.
     """
     k = _spatial_rank("interpolate", input)
+    if _is_traced(input._values):  # torch.compile: see padless.ops.vision_compiled
+        from padless.ops.vision_traced import traced_interpolate
+
+        if size is not None and scale_factor is not None:
+            raise ValueError("interpolate(): only one of size or scale_factor should be defined")
+        return traced_interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
     targets = per_image_sizes("interpolate", size, input.batch_size, k)
     if targets is not None and scale_factor is not None:
         raise ValueError("interpolate(): only one of size or scale_factor should be defined")

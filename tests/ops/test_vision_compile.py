@@ -1,0 +1,130 @@
+"""Compiled CNNs on native-resolution images: ``torch.compile(fullgraph=True)`` of convolution,
+pooling, batch/group norm, interpolation, patches and the CNNs of ``examples/native_cnn.py``.
+
+Every test runs 8 batches whose size (2 to 32) and image sizes change, compares compiled
+outputs and gradients with eager, and counts graphs with ``CompileCounterWithBackend``:
+one graph over all batches. aot_eager throughout (compiles are slow on a 2-core CPU);
+``PADLESS_COMPILE_INDUCTOR=1`` adds inductor to the model test.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import padless
+from padless.tensor.errors import StructureError
+from padless.testing import assert_close_samples
+from padless.testing.vision import image_batch
+from padless.vision import AxisMap, prepare_for_compile
+
+INDUCTOR = os.environ.get("PADLESS_COMPILE_INDUCTOR", "") not in ("", "0")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "native_cnn.py"
+# Batch sizes of the 8 batches: B=2 first, then up to 32 (B equal to a side at times).
+BATCHES = [2, 5, 32, 3, 9, 4, 17, 6]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def _native_cnn():
+    spec = importlib.util.spec_from_file_location("native_cnn_example", EXAMPLE)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # dynamo looks the model's module up by name
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod
+
+
+def _sizes(step: int, b: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    rng = random.Random(1000 + step)
+    return [(rng.randint(lo, hi), rng.randint(lo, hi)) for _ in range(b)]
+
+
+def _flat(out) -> list[torch.Tensor]:
+    outs = out if isinstance(out, (tuple, list)) else (out,)
+    return [o.values() if isinstance(o, padless.NestedTensor) else o for o in outs]
+
+
+def _loss(out) -> torch.Tensor:
+    """A loss touching every output element with a different weight (gradients are not uniform)."""
+    total = 0.0
+    for t in _flat(out):
+        w = torch.linspace(0.5, 1.5, t.numel(), dtype=t.dtype).view(t.shape)
+        total = total + (t * w).sum() + 0.1 * t.square().sum()
+    return total
+
+
+def _check_against_eager(
+    fn: Callable, params: list[torch.Tensor], batches, *, prepare: Callable, backend: str = "aot_eager",
+    dtype: torch.dtype = torch.float32, atol: float = 1e-5, rtol: float = 1e-5, buffers: Callable[[], list[torch.Tensor]] | None = None,
+) -> CompileCounterWithBackend:
+    """Run ``fn`` compiled and eagerly on each batch: outputs (structure and values), input and
+    parameter gradients (and optional buffers such as running stats) must agree."""
+    cnt = CompileCounterWithBackend(backend)
+    cfn = torch.compile(fn, backend=cnt, fullgraph=True)
+    for sizes, seed in batches:
+        results = []
+        for run in (cfn, fn):
+            x, _ = image_batch(sizes, seed=seed, dtype=dtype, requires_grad=True)
+            before = [b.clone() for b in buffers()] if buffers else []
+            out = run(prepare(x))
+            _loss(out).backward()
+            grads = [None if p.grad is None else p.grad.clone() for p in params]
+            for p in params:
+                p.grad = None
+            after = [b.clone() for b in buffers()] if buffers else []
+            if buffers:  # both runs start from the same running stats
+                for b, v in zip(buffers(), before):
+                    b.copy_(v)
+            results.append((out, x.grad, grads, after))
+        (out_c, gx_c, gp_c, buf_c), (out_e, gx_e, gp_e, buf_e) = results
+        outs_c = out_c if isinstance(out_c, (tuple, list)) else (out_c,)
+        outs_e = out_e if isinstance(out_e, (tuple, list)) else (out_e,)
+        for c, e in zip(outs_c, outs_e):
+            if isinstance(e, padless.NestedTensor):
+                assert c.sizes().tolist() == e.sizes().tolist() and tuple(c.shape) == tuple(e.shape)
+                assert_close_samples(c, list(e.unbind()), atol=atol, rtol=rtol)
+            else:
+                torch.testing.assert_close(c, e, atol=atol, rtol=rtol)
+        torch.testing.assert_close(gx_c.values(), gx_e.values(), atol=atol, rtol=rtol)
+        for a, b in zip(gp_c, gp_e):
+            assert (a is None) == (b is None)
+            if a is not None:
+                torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+        for a, b in zip(buf_c, buf_e):
+            torch.testing.assert_close(a, b, atol=atol, rtol=rtol)
+    assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over {len(batches)} batches"
+    return cnt
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if INDUCTOR else []))
+def test_native_cnn_classifier_and_segmenter_train_in_one_graph(backend):
+    """examples/native_cnn.py: the ResNet classifier (cross-entropy on (B, classes)) and the FCN
+    segmenter (logits resized to every image with size=images, per-pixel cross-entropy) in one
+    compiled training step; BatchNorm in training mode, running stats compared too."""
+    ex = _native_cnn()
+    torch.manual_seed(0)
+    cls, seg = ex.SmallResNet(classes=3), ex.FCN(ex.SEG_CLASSES)
+    mods = nn.ModuleList([cls, seg]).double()  # float64: the compiled backward sums in another order
+
+    def step(x):
+        return cls(x), seg(x)
+
+    batches = [(_sizes(i, b, 9, 40), i) for i, b in enumerate(BATCHES)]
+    bufs = lambda: [b for n, b in mods.named_buffers() if "running" in n]  # noqa: E731
+    _check_against_eager(step, list(mods.parameters()), batches, prepare=prepare_for_compile, backend=backend,
+                         dtype=torch.float64, atol=1e-9, rtol=1e-9, buffers=bufs)
