@@ -24,6 +24,7 @@ import torch
 
 from padless.collate.metadata import FieldMeta, PairMaps, SpatialMaps
 from padless.ops.broadcast import Plan
+from padless.ops.compile_rows import carry_pair_maps
 from padless.ops.segment import Groups
 from padless.tensor.core import NestedTensor, StructureMeta
 
@@ -122,6 +123,7 @@ def install_pair(x: NestedTensor, y: NestedTensor, pm: PairMaps) -> None:
         op._meta.derived[("broadcast", (id(template._meta), (0, 1)))] = Plan(
             template, [rows, None], [(1,), ()], keepalive=(op._meta, template._meta)
         )
+    carry_pair_maps(x, y, pm.rows_i, pm.rows_j)  # into compiled graphs too (padless.ops.compile_rows)
 
 
 def _template(pm: PairMaps, a: NestedTensor, b: NestedTensor) -> NestedTensor:

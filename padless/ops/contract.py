@@ -27,7 +27,8 @@ from padless.ops.structure import STATIC, keep_all, restructure, values_dim
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
-from padless.tensor.core import NestedTensor
+from padless.ops.pair_contract import traced_pair_einsum
+from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
 
@@ -198,6 +199,10 @@ def einsum(func, equation: str, *operands) -> Tensor:
     if not summed or len(order) <= largest:
         return _einsum_broadcast(ins, out, summed, order, operands)
     out_ragged = tuple(i for i, c in enumerate(out[1:]) if c in ragged_letters)
+    if _is_traced(operands[0]._values):  # compiled: triangle products as one custom op
+        traced = traced_pair_einsum(ins, out, operands)
+        if traced is not None:
+            return traced
     if len(operands) == 2:
         fused = grouped_mm.contract_nested(operands[0], ins[0][1:], operands[1], ins[1][1:], out[1:])
         if fused is not None:

@@ -55,7 +55,7 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
     reduced = tuple(sorted(reduced))
     traced = _is_traced(nt._values)
     if traced:  # a compiled pair state: groups from the carried maps (padless.ops.compile_rows)
-        from padless.ops.compile_rows import traced_pair_groups
+        from padless.ops.compile_rows import traced_group_count, traced_pair_groups
 
         tg = traced_pair_groups(nt, reduced)
         if tg is not None:
@@ -67,6 +67,8 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
             return hit
     keep = tuple(d for d in nt._ragged if d not in reduced)
     total = nt._values.shape[0]
+    # Under tracing, the group count of one of several ragged dims reduced is a carried size.
+    carried = traced_group_count(nt, reduced) if traced else None
 
     def compute(sizes: Tensor, offsets: Tensor):
         sid, coords = layout.row_coords(sizes, offsets, nt._ragged, total)
@@ -81,7 +83,7 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
             local = local * sizes[:, d].index_select(0, sid) + by_dim[d]
         gid = out_offsets[:-1].index_select(0, sid) + local
         per_group = sizes[:, list(reduced)].prod(1) if reduced else torch.ones_like(out_counts)
-        counts = torch.repeat_interleave(per_group, out_counts) if keep else per_group
+        counts = torch.repeat_interleave(per_group, out_counts, output_size=carried) if keep else per_group
         return gid, out_offsets[-1:], counts, tuple(by_dim[d] for d in reduced)
 
     gid, n_groups_t, counts, local = derived_tensor(nt, ("groups", reduced), compute)
@@ -94,6 +96,8 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
         n_groups = nt.batch_size  # one group per sample (symbolic under torch.compile)
     elif hs is not None:
         n_groups = int(layout.row_counts(hs, keep).sum())
+    elif carried is not None:
+        n_groups = carried  # a symbolic size carried into the graph (padless.ops.compile_rows)
     else:  # no host metadata: the group count is data (one device read; a graph break when compiled)
         n_groups = int(n_groups_t.cpu()[0])
     if hs is not None:

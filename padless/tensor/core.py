@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import threading
 import warnings
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -56,6 +56,21 @@ def register_carried(name: str, row_level: bool = True) -> str:
     if row_level and name not in ROW_LEVEL_KEYS:
         ROW_LEVEL_KEYS.append(name)
     return name
+
+
+#: Functions called on a real (not traced) NestedTensor when ``__tensor_flatten__`` hands it
+#: to a compiled graph; each may cache carried maps on its structure (cheaply, from host
+#: metadata), so batches compile without a preparation step. See :func:`register_auto_carrier`.
+AUTO_CARRIERS: list[Callable[["NestedTensor"], None]] = []
+
+
+def register_auto_carrier(fn: Callable[["NestedTensor"], None]) -> Callable[["NestedTensor"], None]:
+    """Run ``fn(nt)`` whenever a real NestedTensor is flattened for ``torch.compile`` (never
+    eagerly otherwise, never on traced tensors). ``fn`` must be idempotent and cheap on a
+    structure it already served, since guards flatten every input on every call."""
+    if fn not in AUTO_CARRIERS:
+        AUTO_CARRIERS.append(fn)
+    return fn
 _INT32_MAX = 2**31 - 1
 
 
@@ -66,7 +81,17 @@ def _carried_property(name: str) -> property:
     def get(self: "NestedTensor") -> Tensor:
         return self._meta.derived[(name, self._values.device)]
 
-    return property(get, doc=f"The carried ``{name}`` map (see :func:`register_carried`).")
+    def set(self: "NestedTensor", value: Tensor) -> None:
+        # AOTAutograd makes a tangent's strided inner tensors contiguous by assignment. The
+        # tangent shares its structure with other tensors, so it gets its own copy of the
+        # metadata: the others keep their (stride-0) carriers and their compiled guards.
+        m = self._meta
+        meta = StructureMeta(m.host_sizes, m.host_offsets)
+        meta.derived.update(m.derived)
+        meta.derived[(name, value.device)] = value
+        self._meta = meta
+
+    return property(get, set, doc=f"The carried ``{name}`` map (see :func:`register_carried`).")
 
 
 class StructureMeta:
@@ -200,6 +225,9 @@ class NestedTensor(Tensor):
     # ------------------------------------------------------------------ compile
     def __tensor_flatten__(self) -> tuple[list[str], tuple]:
         ctx = tuple(getattr(self, a) for a in self._ATTRS)
+        if AUTO_CARRIERS and not isinstance(self._values, _TRACED_TYPES) and not self._values.is_meta:
+            for fn in AUTO_CARRIERS:  # e.g. the pair row count (padless.ops.compile_rows)
+                fn(self)
         carried = self._carried_names()
         if carried:  # row maps prepared for compiled row-creating ops (padless.ops.compile_rows)
             return list(self._INNER) + ["_" + k for k in carried], ctx + (carried,)

@@ -165,7 +165,7 @@ def _check_pair_block(backend: str, n_batches: int) -> None:
     cnt = CompileCounterWithBackend(backend)
     cblock = torch.compile(block, backend=cnt, fullgraph=True)
     for samples in _pair_batches(n_batches):
-        x = padless.prepare_for_compile(padless.from_list(samples, requires_grad=True))
+        x = padless.from_list(samples, requires_grad=True)  # no preparation step (auto carriers)
         x2 = padless.from_list(samples, requires_grad=True)
         y = cblock(x)
         (y.values() ** 2).sum().backward()
@@ -202,19 +202,24 @@ def test_pair_reduction_over_either_axis_and_sum_compile():
     assert cnt.frame_count == 1
 
 
-def test_flatten_carries_prepared_pair_rows():
+def test_flatten_carries_the_pair_row_count_without_preparation():
     x = padless.from_list([torch.randn(n, 3) for n in (2, 1)])
-    assert x.__tensor_flatten__() == (["_values", "_offsets", "_sizes"], ((0,),))
-    padless.prepare_for_compile(x)
-    names, ctx = x.__tensor_flatten__()
-    assert names == ["_values", "_offsets", "_sizes", "_pair_rows"] and ctx == ((0,), ("pair_rows",))
-    assert x._pair_rows.tolist() == [0, 0, 1, 1, 2]  # offsets[i] + a for pair rows (i, a, b)
+    assert "_pair_count" not in x._meta.derived  # nothing paid eagerly
+    names, ctx = x.__tensor_flatten__()  # what torch.compile calls on a real input
+    assert names == ["_values", "_offsets", "_sizes", "_pair_count"] and ctx == ((0,), ("pair_count",))
+    carrier = x._pair_count
+    assert carrier.shape == (5,) and carrier.stride() == (0,) and carrier.untyped_storage().nbytes() == 1
     y = type(x).__tensor_unflatten__({n: getattr(x, n) for n in names}, ctx, x.shape, x.stride())
-    assert torch.equal(y._pair_rows, x._pair_rows)
+    assert y._pair_count is carrier
     # AOTAutograd's cache key names the carried maps and padless' source fingerprint
-    assert x._stable_hash_for_caching().startswith("padless.NestedTensor((0,),)('pair_rows',)@")
-    # ops that keep the rows keep the map (so u(x).unsqueeze(2) still finds it)
-    assert (torch.nn.Linear(3, 5)(x).unsqueeze(2)).__tensor_flatten__()[1][1] == ("pair_rows",)
+    assert x._stable_hash_for_caching().startswith("padless.NestedTensor((0,),)('pair_count',)@")
+    # ops that keep the rows keep the carrier (so u(x).unsqueeze(2) still finds it)
+    assert torch.nn.Linear(3, 5)(x).unsqueeze(2)._pair_count is carrier
+    # the pair maps built from it, as documented in padless.ops.compile_rows
+    assert padless.ops.compile_rows.pair_rows(x.offsets(), 5).tolist() == [0, 0, 1, 1, 2]
+    # prepare_for_compile still works (and makes the same carrier now)
+    z = padless.prepare_for_compile(padless.from_list([torch.randn(n, 3) for n in (2, 1)]))
+    assert z._pair_count.shape == (5,)
 
 
 def test_prepare_for_compile_errors():
