@@ -536,7 +536,7 @@ class KeyedJaggedTensor:
 
     def length_per_key(self) -> list[int]:
         """Number of values per key (host list, cached; see the class note on cost)."""
-        if self._length_per_key is None:
+        if self._length_per_key is None or self._pending:  # a given list is checked on first use
             self.sync()
         return self._length_per_key  # type: ignore[return-value]
 
@@ -545,7 +545,7 @@ class KeyedJaggedTensor:
 
     def offset_per_key(self) -> list[int]:
         """Where each key's values start, plus the end (host list, cached)."""
-        if self._offset_per_key is None:
+        if self._offset_per_key is None or self._pending:
             self.sync()
         return self._offset_per_key  # type: ignore[return-value]
 
@@ -636,12 +636,12 @@ class KeyedJaggedTensor:
             spk = self.stride_per_key()
             lop = C.cumsum_list(spk)
             end = opk[-1]
-            vals = torch.split(C.used(self._values, end), lpk)  # type: ignore[arg-type]
+            vals = C.used(self._values, end).split_with_sizes(lpk)  # type: ignore[union-attr]
             w = self._weights
-            ws = torch.split(C.used(w, end), lpk) if w is not None else [None] * len(keys)  # type: ignore[arg-type]
+            ws = C.used(w, end).split_with_sizes(lpk) if w is not None else [None] * len(keys)  # type: ignore[union-attr]
             lengths = self.lengths()
             lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
-            lens = torch.split(lengths, spk)
+            lens = lengths.split_with_sizes(spk)
             n = len(keys)
             offs: Sequence[Tensor | None] = [None] * n
             hos: Sequence[Tensor | None] = [None] * n
@@ -687,12 +687,14 @@ class KeyedJaggedTensor:
         end = opk[-1]
 
         def gather(t: Tensor, sizes: list[int]) -> Tensor:
-            parts = torch.split(t, sizes)  # one op: a view per key
+            parts = t.split_with_sizes(sizes)  # one op: a view per key
             return torch.cat([parts[i] for i in idx]) if idx else t[:0]
 
-        lengths = gather(self.lengths().reshape(-1), spk)
+        lengths = self.lengths()
+        lengths = gather(lengths if lengths.dim() == 1 else lengths.reshape(-1), spk)
         host = None
-        h0 = self._host()
+        on_host = lengths.device.type == "cpu"  # then the bag offsets are one cumsum, on first need
+        h0 = None if on_host else self._host()
         if h0 is not None:
             hl = np.diff(h0.numpy())
             sel = np.concatenate([hl[lop[i] : lop[i + 1]] for i in idx]) if idx else hl[:0]
@@ -703,7 +705,7 @@ class KeyedJaggedTensor:
         lpk = [opk[i + 1] - opk[i] for i in idx]
         spkpr = self._per_key_ranks()
         new_spkpr = [spkpr[i] for i in idx] if self.variable_stride_per_key() else None
-        return KeyedJaggedTensor._make(
+        out = KeyedJaggedTensor._make(
             [self._keys[i] for i in idx],
             gather(C.used(self._values, end), lpk0),  # type: ignore[arg-type]
             None if self._weights is None else gather(C.used(self._weights, end), lpk0),  # type: ignore[arg-type]
@@ -716,6 +718,9 @@ class KeyedJaggedTensor:
             host,
             self._inverse_indices,
         )
+        if on_host:
+            out._pending = _CHECKED
+        return out
 
     def split(self, segments: Sequence[int]) -> list["KeyedJaggedTensor"]:
         """Consecutive groups of ``segments[j]`` keys each (views, no copy); every part keeps
@@ -731,7 +736,9 @@ class KeyedJaggedTensor:
         spkpr = self._per_key_ranks() if variable else None
         lengths = self.lengths()
         lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
-        h = self._host()
+        # known host offsets are sliced; host lengths not yet summed leave each part one cumsum, on first need
+        defer = self._pending is _CHECKED and lengths.device.type == "cpu"
+        h = None if defer else self._host()
         hn = None if h is None else h.numpy()
         lpk = self._length_per_key
         out = []
@@ -755,6 +762,8 @@ class KeyedJaggedTensor:
                     host,
                 )
             )
+            if defer:
+                out[-1]._pending = _CHECKED
             start = end
         return out
 
