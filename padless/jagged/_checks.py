@@ -52,6 +52,11 @@ def count(t: Tensor | None, *, offsets: bool) -> int:
     return max(t.numel() - 1, 0) if offsets else t.numel()
 
 
+class IntegerTensorError(TypeError, AssertionError):
+    """Lengths or offsets that are not integers: a ``TypeError``, and an ``AssertionError``
+    as well, which is what TorchRec raises there (code written for TorchRec catches it)."""
+
+
 def check_int(what: str, name: str, t: Tensor) -> None:
     """A 1-D integer tensor; an empty one may have any dtype and shape (as TorchRec allows)."""
     if not isinstance(t, Tensor):
@@ -61,7 +66,7 @@ def check_int(what: str, name: str, t: Tensor) -> None:
     if t.dim() != 1:
         raise StructureError(f"{what}: {name} must be 1-D, got shape {tuple(t.shape)}")
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
-        raise TypeError(f"{what}: {name} must be an integer tensor, got {t.dtype}")
+        raise IntegerTensorError(f"{what}: {name} must be an integer tensor, got {t.dtype}")
 
 
 def _np(t: Tensor) -> np.ndarray:

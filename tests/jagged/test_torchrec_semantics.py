@@ -204,3 +204,12 @@ def test_structure_errors_are_structure_errors():
         JaggedTensor(torch.arange(3), lengths=torch.tensor([-1, 4])).validate()
     with pytest.raises(RuntimeError, match="keys and lengths disagree"):  # what TorchRec-style code catches
         KeyedJaggedTensor(["a", "b"], torch.arange(3), lengths=torch.tensor([1, 1, 1]))
+
+
+def test_float_lengths_raise_what_torchrec_code_catches():
+    # a TypeError, and the AssertionError TorchRec raises for float lengths/offsets
+    for kwargs in (dict(lengths=torch.tensor([3.0, 4.0])), dict(offsets=torch.tensor([0.0, 3.0, 7.0]))):
+        with pytest.raises(AssertionError, match="must be an integer tensor, got torch.float32"):
+            JaggedTensor(torch.rand(7, 3), **kwargs)
+        with pytest.raises(TypeError, match="must be an integer tensor"):
+            KeyedJaggedTensor(["a"], torch.rand(7, 3), **kwargs)
