@@ -17,3 +17,4 @@ from padless.ops import nested_parity  # noqa: F401  (masked_select, apply_, _un
 from padless.jagged.pooling import embedding_bag  # pooled lookups of JaggedTensor / KeyedJaggedTensor
 
 __all__ = ["attention", "attention_modules", "contract", "dims", "embedding_bag", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]
+from padless.ops.attention_rows import row_attention  # SDPA with ragged batch dims; row attention over pair states

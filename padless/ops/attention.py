@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops import attention_compiled
+from padless.ops import attention_rows
 from padless.tensor.autograd import rewrap, split_rows, values_of
 from padless.tensor.convert import unbind_samples
 from padless.tensor.core import NestedTensor, _is_traced, _structure_mismatch
@@ -366,6 +367,10 @@ def attention(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, NestedTensor):
             raise TypeError(f"{op}(): {name} must be a NestedTensor when any input is (got a dense {type(t).__name__})")
+    if attention_rows.claims(query, key, value):  # ragged dims other than the sequence dim alone
+        return attention_rows.attention_rows(
+            query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mask_mod=mask_mod, score_mod=score_mod
+        )
     _seq_dim(op, query, "query")
     _seq_dim(op, key, "key")
     _seq_dim(op, value, "value")
