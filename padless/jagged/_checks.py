@@ -21,6 +21,17 @@ from torch import Tensor
 from padless.tensor.errors import StructureError
 
 
+CHECKED = "<checked>"  # a KJT's ``_pending`` state: structure checked, host bag offsets not computed yet
+
+
+def vbe_stride(spkpr: list[list[int]], inverse_indices: tuple[list[str], Tensor] | None) -> int:
+    """A variable-batch KJT's batch size: the inverse indices' width when given (the full
+    batch each key's bags are gathered back to), else the largest per-key batch."""
+    if inverse_indices is not None and inverse_indices[1].numel() > 0:
+        return int(inverse_indices[1].shape[-1])
+    return max((sum(r) for r in spkpr), default=0)
+
+
 def is_host(t: Tensor | None) -> bool:
     """True for a CPU tensor (reading it never waits for a device)."""
     return t is not None and t.device.type == "cpu"

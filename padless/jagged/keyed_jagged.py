@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from padless.jagged import _checks as C
+from padless.jagged import kjt_combine
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.tensor.errors import StructureError
 
@@ -113,7 +114,7 @@ class KeyedJaggedTensor:
                     f"{what}: keys and lengths disagree: stride_per_key_per_rank {spkpr} needs {expected} "
                     f"lengths, got {n_bags}"
                 )
-            self._stride = int(stride) if stride is not None else _vbe_stride(spkpr, inverse_indices)
+            self._stride = int(stride) if stride is not None else C.vbe_stride(spkpr, inverse_indices)
         else:
             if stride is None:
                 if not keys:
@@ -187,7 +188,7 @@ class KeyedJaggedTensor:
         structure raises here, every time it is asked."""
         if self._pending is not None:
             self._check()
-            if self._pending is _CHECKED:  # checked host lengths: the offsets are one cumsum
+            if self._pending is C.CHECKED:  # checked host lengths: the offsets are one cumsum
                 self._host_offsets = C.cumsum_host(self._lengths)  # type: ignore[arg-type]
                 self._pending = None
         return self._host_offsets
@@ -197,7 +198,7 @@ class KeyedJaggedTensor:
         Host lengths alone (the common case) take one min and one per-key sum, leaving the
         bag offsets' cumsum to the first op that needs them."""
         blame = self._pending
-        if blame is None or blame is _CHECKED:
+        if blame is None or blame is C.CHECKED:
             return
         what = "KeyedJaggedTensor"
         lengths, offsets = self._lengths, self._offsets
@@ -224,7 +225,7 @@ class KeyedJaggedTensor:
             self._offset_per_key = opk
             self._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
         self._host_offsets = host
-        self._pending = _CHECKED if opk is not None and host is None else None
+        self._pending = C.CHECKED if opk is not None and host is None else None
 
     def validate(self) -> "KeyedJaggedTensor":
         """Run the structure checks now (a no-op once done, and for tensors on a device, which
@@ -298,41 +299,7 @@ class KeyedJaggedTensor:
         """Concatenate one JaggedTensor per key (in dict order). JaggedTensors of different
         batch sizes give a variable stride per key (always, with ``force_variable_stride``).
         Weighted only if every one is. Host metadata of the JaggedTensors is reused."""
-        what = "KeyedJaggedTensor.from_jt_dict"
-        keys = list(jt_dict)
-        jts = [jt_dict[k] for k in keys]
-        if not jts:
-            return KeyedJaggedTensor.empty()
-        weighted = [jt.weights_or_none() is not None for jt in jts]
-        if any(weighted) and not all(weighted):
-            raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
-        lens = []
-        for jt in jts:
-            if jt._unchecked:  # built lazily by the caller: its deferred checks run now
-                jt._host()
-            ln = jt.lengths()
-            lens.append(ln if ln.dim() == 1 else ln.reshape(-1))
-        strides = [ln.numel() for ln in lens]
-        lengths = torch.cat(lens)
-        # one pass over all keys' lengths gives the bag offsets and the rows each key uses
-        host, ends = _bag_offsets(lengths, strides, [jt._host_offsets for jt in jts])
-        vals = [jt._values for jt in jts]
-        if ends is not None:
-            vals = [C.used(v, e) for v, e in zip(vals, ends)]  # type: ignore[misc]
-        values = torch.cat(vals)
-        weights = None
-        if weighted[0]:
-            ws = [jt._weights for jt in jts]
-            weights = torch.cat(ws if ends is None else [C.used(w, e) for w, e in zip(ws, ends)])  # type: ignore[misc]
-        variable = force_variable_stride or strides.count(strides[0]) != len(strides)
-        spkpr = [[s] for s in strides] if variable else None
-        stride = max(strides) if variable else strides[0]
-        opk = None if ends is None else C.cumsum_list(ends)
-        kjt = KeyedJaggedTensor._make(keys, values, weights, lengths, None, stride, spkpr, ends, opk, host)
-        if ends is None:  # device lengths without host metadata: read them, as TorchRec's sync() does
-            kjt.sync()
-        kjt._jt_dict = dict(jt_dict)
-        return kjt
+        return kjt_combine.from_jt_dict(KeyedJaggedTensor, jt_dict, force_variable_stride)
 
     @staticmethod
     def empty(
@@ -391,56 +358,7 @@ class KeyedJaggedTensor:
     @staticmethod
     def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
         """Keys of every KJT, in order (same batch, or a variable stride per key)."""
-        what = "KeyedJaggedTensor.concat"
-        if not kjt_list:
-            raise ValueError(f"{what}: needs at least one KeyedJaggedTensor")
-        if len(kjt_list) == 1:
-            return kjt_list[0]
-        weighted = [k.weights_or_none() is not None for k in kjt_list]
-        if any(weighted) and not all(weighted):
-            raise ValueError(f"{what}: cannot mix weighted and unweighted KeyedJaggedTensors (weighted: {weighted})")
-        keys = [key for k in kjt_list for key in k.keys()]
-        for k in kjt_list:
-            k._check()  # a part built lazily by the caller is checked here
-        # rows each part uses (its values may hold an unused tail); None where unknown without a sync
-        ends = [None if o is None else o[-1] for o in (k._offset_per_key for k in kjt_list)]
-        vals = [C.used(k._values, e) for k, e in zip(kjt_list, ends)]
-        values = torch.cat(vals)  # type: ignore[arg-type]
-        weights = torch.cat([C.used(k._weights, e) for k, e in zip(kjt_list, ends)]) if weighted[0] else None  # type: ignore[misc]
-        lens = [k.lengths() for k in kjt_list]
-        lengths = torch.cat([ln if ln.dim() == 1 else ln.reshape(-1) for ln in lens])
-        keyed = [k for k in kjt_list if k._keys]  # a KJT without keys has no batch size to agree on
-        variable = any(k._stride_per_key_per_rank is not None for k in keyed) or any(
-            k._stride != keyed[0]._stride for k in keyed
-        )
-        lpk: list[int] | None = []
-        for k in kjt_list:
-            if k._length_per_key is None:
-                lpk = None
-                break
-            lpk += k._length_per_key  # type: ignore[operator]
-        pending = None
-        host = None
-        if lengths.device.type == "cpu" and lpk is not None:
-            pending = _CHECKED  # the parts are checked: the bag offsets are one cumsum, on first need
-        elif lengths.device.type == "cpu":
-            pending = ""
-        elif None not in ends:
-            hos = [k._host() for k in kjt_list]
-            if all(h is not None for h in hos):
-                host = _join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
-        spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
-        invs = [k._inverse_indices for k in kjt_list]
-        inv = None
-        if all(i is not None for i in invs):
-            inv = ([x for i in invs for x in i[0]], torch.cat([i[1] for i in invs]))  # type: ignore[index]
-        out = KeyedJaggedTensor._make(
-            keys, values, weights, lengths, None,
-            _vbe_stride(spkpr, inv) if spkpr is not None else (keyed or kjt_list)[0]._stride,
-            spkpr, lpk, None if lpk is None else C.cumsum_list(lpk), host, inv,
-        )
-        out._pending = pending
-        return out
+        return kjt_combine.concat(kjt_list)
 
     # ------------------------------------------------------------------ accessors
 
@@ -719,7 +637,7 @@ class KeyedJaggedTensor:
             self._inverse_indices,
         )
         if on_host:
-            out._pending = _CHECKED
+            out._pending = C.CHECKED
         return out
 
     def split(self, segments: Sequence[int]) -> list["KeyedJaggedTensor"]:
@@ -737,7 +655,7 @@ class KeyedJaggedTensor:
         lengths = self.lengths()
         lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
         # known host offsets are sliced; host lengths not yet summed leave each part one cumsum, on first need
-        defer = self._pending is _CHECKED and lengths.device.type == "cpu"
+        defer = self._pending is C.CHECKED and lengths.device.type == "cpu"
         h = None if defer else self._host()
         hn = None if h is None else h.numpy()
         lpk = self._length_per_key
@@ -763,7 +681,7 @@ class KeyedJaggedTensor:
                 )
             )
             if defer:
-                out[-1]._pending = _CHECKED
+                out[-1]._pending = C.CHECKED
             start = end
         return out
 
@@ -841,9 +759,6 @@ class KeyedJaggedTensor:
         )
 
 
-_CHECKED = "<checked>"  # ``_pending``: structure checked, host bag offsets not computed yet
-
-
 def _spkpr_list(spkpr: Sequence[Sequence[int]] | Tensor | None) -> list[list[int]] | None:
     """Per-key-per-rank strides as lists (TorchRec also passes an int tensor ``(keys, ranks)``)."""
     if spkpr is None:
@@ -853,46 +768,9 @@ def _spkpr_list(spkpr: Sequence[Sequence[int]] | Tensor | None) -> list[list[int
     return [[int(s) for s in r] for r in spkpr]
 
 
-def _vbe_stride(spkpr: list[list[int]], inverse_indices: tuple[list[str], Tensor] | None) -> int:
-    """A variable-batch KJT's batch size: the inverse indices' width when given (the full
-    batch each key's bags are gathered back to), else the largest per-key batch."""
-    if inverse_indices is not None and inverse_indices[1].numel() > 0:
-        return int(inverse_indices[1].shape[-1])
-    return max((sum(r) for r in spkpr), default=0)
-
-
-def _bag_offsets(
-    lengths: Tensor, strides: Sequence[int], hos: Sequence[Tensor | None]
-) -> tuple[Tensor | None, list[int] | None]:
-    """Host bag offsets of concatenated parts and the rows each part uses, in one pass.
-
-    ``lengths`` are the parts' lengths concatenated (part i has ``strides[i]`` bags) and
-    ``hos`` their host offsets where known. Host lengths: one cumsum over all of them.
-    Device lengths: the parts' host offsets joined, when every part has them; else
-    ``(None, None)`` (reading them is a sync, left to the caller).
-    """
-    if lengths.device.type == "cpu":
-        ln = lengths.numpy() if not lengths.requires_grad else lengths.detach().numpy()
-        host = np.zeros(ln.size + 1, np.int64)
-        host[1:] = ln
-        np.cumsum(host, out=host)
-        cut = host[C.cumsum_list(strides)]
-        return torch.from_numpy(host), (cut[1:] - cut[:-1]).tolist()
-    if any(h is None for h in hos):
-        return None, None
-    ends = [int(h.numpy()[-1]) for h in hos]  # type: ignore[union-attr]
-    return _join_host_offsets(hos, C.cumsum_list(ends)), ends  # type: ignore[arg-type]
-
-
 def _per_key_offsets(hn: np.ndarray, keys: int, stride: int) -> np.ndarray:
     """Every key's offsets from 0, ``(keys, stride + 1)``, from the bag offsets of a fixed-batch
     KJT: row i is ``hn[i*stride : (i+1)*stride + 1] - hn[i*stride]`` (a strided view, one subtraction)."""
     hn = np.ascontiguousarray(hn, dtype=np.int64)
     view = np.ndarray((keys, stride + 1), np.int64, buffer=hn, strides=(stride * 8, 8))
     return view - view[:, :1]
-
-
-def _join_host_offsets(hos: Sequence[Tensor], starts: Sequence[int]) -> Tensor:
-    """One host offsets tensor from per-part host offsets, part i shifted by ``starts[i]``."""
-    parts = [np.zeros(1, np.int64)] + [h.numpy()[1:] + s for h, s in zip(hos, starts)]
-    return torch.from_numpy(np.concatenate(parts))

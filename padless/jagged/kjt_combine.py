@@ -1,0 +1,145 @@
+"""Building one KeyedJaggedTensor from several parts: ``concat`` and ``from_jt_dict``.
+
+Each is one pass: the parts' values, weights and lengths are concatenated once, and the
+host structure comes from one numpy pass over the joined lengths (or is left to a single
+cumsum on first need), never per key. Parts built lazily by the caller are checked first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from padless.jagged import _checks as C
+from padless.jagged.jagged_tensor import JaggedTensor
+
+if TYPE_CHECKING:
+    from padless.jagged.keyed_jagged import KeyedJaggedTensor
+
+
+def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
+    """``KeyedJaggedTensor.concat``: the keys of every KJT, in order (same batch, or a
+    variable stride per key)."""
+    what = "KeyedJaggedTensor.concat"
+    if not kjt_list:
+        raise ValueError(f"{what}: needs at least one KeyedJaggedTensor")
+    if len(kjt_list) == 1:
+        return kjt_list[0]
+    weighted = [k.weights_or_none() is not None for k in kjt_list]
+    if any(weighted) and not all(weighted):
+        raise ValueError(f"{what}: cannot mix weighted and unweighted KeyedJaggedTensors (weighted: {weighted})")
+    keys = [key for k in kjt_list for key in k.keys()]
+    for k in kjt_list:
+        k._check()  # a part built lazily by the caller is checked here
+    # rows each part uses (its values may hold an unused tail); None where unknown without a sync
+    ends = [None if o is None else o[-1] for o in (k._offset_per_key for k in kjt_list)]
+    vals = [C.used(k._values, e) for k, e in zip(kjt_list, ends)]
+    values = torch.cat(vals)  # type: ignore[arg-type]
+    weights = torch.cat([C.used(k._weights, e) for k, e in zip(kjt_list, ends)]) if weighted[0] else None  # type: ignore[misc]
+    lens = [k.lengths() for k in kjt_list]
+    lengths = torch.cat([ln if ln.dim() == 1 else ln.reshape(-1) for ln in lens])
+    keyed = [k for k in kjt_list if k._keys]  # a KJT without keys has no batch size to agree on
+    variable = any(k._stride_per_key_per_rank is not None for k in keyed) or any(
+        k._stride != keyed[0]._stride for k in keyed
+    )
+    lpk: list[int] | None = []
+    for k in kjt_list:
+        if k._length_per_key is None:
+            lpk = None
+            break
+        lpk += k._length_per_key  # type: ignore[operator]
+    pending = None
+    host = None
+    if lengths.device.type == "cpu" and lpk is not None:
+        pending = C.CHECKED  # the parts are checked: the bag offsets are one cumsum, on first need
+    elif lengths.device.type == "cpu":
+        pending = ""
+    elif None not in ends:
+        hos = [k._host() for k in kjt_list]
+        if all(h is not None for h in hos):
+            host = join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
+    spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
+    invs = [k._inverse_indices for k in kjt_list]
+    inv = None
+    if all(i is not None for i in invs):
+        inv = ([x for i in invs for x in i[0]], torch.cat([i[1] for i in invs]))  # type: ignore[index]
+    out = type(kjt_list[0])._make(
+        keys, values, weights, lengths, None,
+        C.vbe_stride(spkpr, inv) if spkpr is not None else (keyed or kjt_list)[0]._stride,
+        spkpr, lpk, None if lpk is None else C.cumsum_list(lpk), host, inv,
+    )
+    out._pending = pending
+    return out
+
+
+def from_jt_dict(
+    cls: type["KeyedJaggedTensor"], jt_dict: Mapping[str, JaggedTensor], force_variable_stride: bool = False
+) -> "KeyedJaggedTensor":
+    """``KeyedJaggedTensor.from_jt_dict``: one JaggedTensor per key, concatenated in dict order."""
+    what = "KeyedJaggedTensor.from_jt_dict"
+    keys = list(jt_dict)
+    jts = [jt_dict[k] for k in keys]
+    if not jts:
+        return cls.empty()
+    weighted = [jt.weights_or_none() is not None for jt in jts]
+    if any(weighted) and not all(weighted):
+        raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
+    lens = []
+    for jt in jts:
+        if jt._unchecked:  # built lazily by the caller: its deferred checks run now
+            jt._host()
+        ln = jt.lengths()
+        lens.append(ln if ln.dim() == 1 else ln.reshape(-1))
+    strides = [ln.numel() for ln in lens]
+    lengths = torch.cat(lens)
+    # one pass over all keys' lengths gives the bag offsets and the rows each key uses
+    host, ends = _bag_offsets(lengths, strides, [jt._host_offsets for jt in jts])
+    vals = [jt._values for jt in jts]
+    if ends is not None:
+        vals = [C.used(v, e) for v, e in zip(vals, ends)]  # type: ignore[misc]
+    values = torch.cat(vals)
+    weights = None
+    if weighted[0]:
+        ws = [jt._weights for jt in jts]
+        weights = torch.cat(ws if ends is None else [C.used(w, e) for w, e in zip(ws, ends)])  # type: ignore[misc]
+    variable = force_variable_stride or strides.count(strides[0]) != len(strides)
+    spkpr = [[s] for s in strides] if variable else None
+    stride = max(strides) if variable else strides[0]
+    opk = None if ends is None else C.cumsum_list(ends)
+    kjt = cls._make(keys, values, weights, lengths, None, stride, spkpr, ends, opk, host)
+    if ends is None:  # device lengths without host metadata: read them, as TorchRec's sync() does
+        kjt.sync()
+    kjt._jt_dict = dict(jt_dict)
+    return kjt
+
+
+def _bag_offsets(
+    lengths: Tensor, strides: Sequence[int], hos: Sequence[Tensor | None]
+) -> tuple[Tensor | None, list[int] | None]:
+    """Host bag offsets of concatenated parts and the rows each part uses, in one pass.
+
+    ``lengths`` are the parts' lengths concatenated (part i has ``strides[i]`` bags) and
+    ``hos`` their host offsets where known. Host lengths: one cumsum over all of them.
+    Device lengths: the parts' host offsets joined, when every part has them; else
+    ``(None, None)`` (reading them is a sync, left to the caller).
+    """
+    if lengths.device.type == "cpu":
+        ln = lengths.numpy() if not lengths.requires_grad else lengths.detach().numpy()
+        host = np.zeros(ln.size + 1, np.int64)
+        host[1:] = ln
+        np.cumsum(host, out=host)
+        cut = host[C.cumsum_list(strides)]
+        return torch.from_numpy(host), (cut[1:] - cut[:-1]).tolist()
+    if any(h is None for h in hos):
+        return None, None
+    ends = [int(h.numpy()[-1]) for h in hos]  # type: ignore[union-attr]
+    return join_host_offsets(hos, C.cumsum_list(ends)), ends  # type: ignore[arg-type]
+
+
+def join_host_offsets(hos: Sequence[Tensor], starts: Sequence[int]) -> Tensor:
+    """One host offsets tensor from per-part host offsets, part i shifted by ``starts[i]``."""
+    parts = [np.zeros(1, np.int64)] + [h.numpy()[1:] + s for h, s in zip(hos, starts)]
+    return torch.from_numpy(np.concatenate(parts))
