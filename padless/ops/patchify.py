@@ -181,3 +181,9 @@ def unpatchify(tokens: NestedTensor, patch: Patch, image_sizes: Tensor | NestedT
     n = rows.shape[0]
     px = values_of(tokens).reshape(n, c, kh * kw).transpose(1, 2).reshape(n * kh * kw, c)
     return from_host_structure(px.index_select(0, inv.to(px.device, non_blocking=True)), hs, (1, 2), tokens)
+
+
+# Under torch.compile these two are graph calls, as torch ops on a NestedTensor are: dynamo
+# runs them on fake tensors (their traced branch) instead of inlining their Python.
+torch.compiler.allow_in_graph(patchify)
+torch.compiler.allow_in_graph(unpatchify)

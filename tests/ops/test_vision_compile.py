@@ -70,7 +70,7 @@ def _loss(out) -> torch.Tensor:
 
 def _check_against_eager(
     fn: Callable, params: list[torch.Tensor], batches, *, prepare: Callable, backend: str = "aot_eager",
-    dtype: torch.dtype = torch.float32, atol: float = 1e-5, rtol: float = 1e-5, buffers: Callable[[], list[torch.Tensor]] | None = None,
+    channels: int = 3, dtype: torch.dtype = torch.float32, atol: float = 1e-5, rtol: float = 1e-5, buffers: Callable[[], list[torch.Tensor]] | None = None,
 ) -> CompileCounterWithBackend:
     """Run ``fn`` compiled and eagerly on each batch: outputs (structure and values), input and
     parameter gradients (and optional buffers such as running stats) must agree."""
@@ -79,7 +79,7 @@ def _check_against_eager(
     for sizes, seed in batches:
         results = []
         for run in (cfn, fn):
-            x, _ = image_batch(sizes, seed=seed, dtype=dtype, requires_grad=True)
+            x, _ = image_batch(sizes, channels, seed=seed, dtype=dtype, requires_grad=True)
             before = [b.clone() for b in buffers()] if buffers else []
             out = run(prepare(x))
             _loss(out).backward()
@@ -128,3 +128,85 @@ def test_native_cnn_classifier_and_segmenter_train_in_one_graph(backend):
     bufs = lambda: [b for n, b in mods.named_buffers() if "running" in n]  # noqa: E731
     _check_against_eager(step, list(mods.parameters()), batches, prepare=prepare_for_compile, backend=backend,
                          dtype=torch.float64, atol=1e-9, rtol=1e-9, buffers=bufs)
+
+
+def test_conv2d_strides_paddings_dilations_groups_in_one_graph():
+    """Every conv2d path (canvas, patch conv, 1x1, strided 1x1, depthwise, dilated, "same",
+    rectangular kernels and strides, unpadded) with the levels they reach prepared."""
+    torch.manual_seed(0)
+    convs = nn.ModuleList([
+        nn.Conv2d(4, 6, 3, stride=2, padding=1),  # ceil(n/2)
+        nn.Conv2d(4, 6, 3, padding=2, dilation=2, groups=2),  # n
+        nn.Conv2d(4, 6, (3, 5), stride=(1, 2), padding=(1, 2)),  # (n, ceil(n/2))
+        nn.Conv2d(4, 6, 3),  # n - 2
+        nn.Conv2d(4, 6, 4, stride=4),  # floor(n/4): the patch path
+        nn.Conv2d(4, 6, 1),  # a matmul on the rows
+        nn.Conv2d(4, 6, 5, padding="same", bias=False),
+        nn.Conv2d(4, 6, 1, stride=2),  # the strided 1x1 path, ceil(n/2)
+        nn.Conv2d(4, 4, 3, stride=3, padding=1, groups=4),  # depthwise, ceil(n/3)
+    ]).double()
+
+    def f(x):
+        return tuple(torch.relu(c(x)) for c in convs)
+
+    def prepare(x):
+        return prepare_for_compile(x, strides=(2, 3, (1, 2)), levels=(AxisMap(1, -2, 1), AxisMap(1, 0, 4)))
+
+    batches = [(_sizes(i, b, 4, 23), i) for i, b in enumerate(BATCHES)]
+    _check_against_eager(f, list(convs.parameters()), batches, prepare=prepare, channels=4, dtype=torch.float64,
+                         atol=1e-9, rtol=1e-9)
+
+
+
+def test_pooling_norms_and_resampling_in_one_graph():
+    """max/avg pooling (padding, count_include_pad, floor sizes), adaptive avg/max pooling (dense
+    outputs), BatchNorm2d in training (running stats) and eval, GroupNorm, and F.interpolate:
+    nearest x2, nearest x0.5, bilinear to a fixed size and bilinear back to every image's size."""
+    torch.manual_seed(0)
+    conv = nn.Conv2d(3, 8, 3, padding=1)
+    bn_train, bn_eval, gn = nn.BatchNorm2d(8), nn.BatchNorm2d(8), nn.GroupNorm(2, 8)
+    with torch.no_grad():
+        bn_eval.running_mean.uniform_(-1, 1), bn_eval.running_var.uniform_(0.5, 2)
+    bn_eval.eval()
+    mods = nn.ModuleList([conv, bn_train, bn_eval, gn]).double()
+
+    def f(x):
+        y = conv(x)
+        down = F.max_pool2d(y, 3, 2, 1)
+        return (
+            down,
+            F.max_pool2d(y, 2),  # floor(n/2)
+            F.avg_pool2d(y, 3, 1, 1, count_include_pad=False),
+            F.avg_pool2d(bn_train(y), 2, 2, 1),  # floor(n/2) + 1
+            F.adaptive_avg_pool2d(y, 1),
+            F.adaptive_max_pool2d(gn(y), (2, 3)),
+            bn_eval(y),
+            F.interpolate(down, scale_factor=2, mode="nearest"),
+            F.interpolate(y, scale_factor=0.5, mode="nearest"),
+            F.interpolate(down, size=(5, 7), mode="bilinear", align_corners=False),
+            F.interpolate(down, size=x, mode="bilinear", align_corners=True),
+        )
+
+    def prepare(x):
+        return prepare_for_compile(x, strides=(2,), levels=(AxisMap(1, 0, 2), AxisMap(1, 2, 2)))
+
+    batches = [(_sizes(i, b, 2, 21), i) for i, b in enumerate(BATCHES)]
+    bufs = lambda: [bn_train.running_mean, bn_train.running_var]  # noqa: E731
+    _check_against_eager(f, list(mods.parameters()), batches, prepare=prepare, dtype=torch.float64,
+                         atol=1e-9, rtol=1e-9, buffers=bufs)
+
+
+def test_patchify_unpatchify_and_patch_embedding_in_one_graph():
+    """ViT-style patches of images whose sides are multiples of the patch: patchify, a linear
+    layer on the tokens, unpatchify back to the images, and the kernel == stride conv."""
+    torch.manual_seed(0)
+    embed = nn.Linear(3 * 16, 3 * 16).double()
+    conv = nn.Conv2d(3, 5, 4, stride=4).double()
+
+    def f(x):
+        tokens = padless.patchify(x, 4)
+        return tokens, padless.unpatchify(embed(tokens), 4, x), conv(x)
+
+    batches = [([(4 * h, 4 * w) for h, w in _sizes(i, b, 1, 6)], i) for i, b in enumerate(BATCHES)]
+    _check_against_eager(f, [*embed.parameters(), *conv.parameters()], batches,
+                         prepare=lambda x: prepare_for_compile(x, patch=4), dtype=torch.float64, atol=1e-9, rtol=1e-9)
