@@ -134,9 +134,10 @@ class JaggedTensor:
 
     def lengths(self) -> Tensor:
         """Slice lengths ``(B,)``; derived from offsets on their device (no sync) and cached."""
+        if self._unchecked:
+            self._host()  # host tensors are checked on first use
         if self._lengths is None:
             off = self._require(self._offsets)
-            self._host()  # validate host offsets before deriving from them
             self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
         return self._lengths
 
@@ -151,8 +152,9 @@ class JaggedTensor:
 
     def offsets(self) -> Tensor:
         """Offsets ``(B+1,)``; derived from lengths on their device (no sync) and cached."""
+        if self._unchecked:
+            self._host()  # host tensors are checked on first use
         if self._offsets is None:
-            self._host()  # validate host lengths before deriving from them
             self._offsets = C.offsets_from_lengths(self._require(self._lengths))
         return self._offsets
 

@@ -378,12 +378,12 @@ class KeyedJaggedTensor:
 
     def lengths(self) -> Tensor:
         """Bag lengths, key-major ``(sum(stride_per_key()),)``; derived on device and cached."""
+        self._check()  # host tensors are checked on first use
         if self._lengths is None:
             off = self._offsets
             if off is None:  # built with neither: no bags
                 self._lengths = torch.empty(0, dtype=torch.int32, device=self._values.device)
             else:
-                self._host()  # validate host offsets before deriving from them
                 self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
         return self._lengths
 
@@ -391,9 +391,17 @@ class KeyedJaggedTensor:
         return self._lengths
 
     def offsets(self) -> Tensor:
+        """Bag offsets ``(len(lengths()) + 1,)`` in the dtype of the lengths; derived without a sync
+        (host lengths: from the host bag offsets, one numpy cumsum) and cached."""
         if self._offsets is None:
-            self._host()  # validate host lengths before deriving from them
-            self._offsets = C.offsets_from_lengths(self.lengths())
+            h = self._host()  # host tensors are checked on first use
+            ln = self.lengths()
+            if h is not None and ln.device.type == "cpu" and ln.dim() == 1:
+                self._offsets = h if ln.dtype == torch.int64 else h.to(ln.dtype)
+            else:
+                self._offsets = C.offsets_from_lengths(ln)
+        else:
+            self._check()
         return self._offsets
 
     def offsets_or_none(self) -> Tensor | None:
@@ -513,6 +521,7 @@ class KeyedJaggedTensor:
         """Free the storage of values, lengths, offsets and weights now (``untyped_storage()
         .resize_(0)``, as TorchRec does to give device memory back early); returns the bytes
         freed. The KJT must not be read afterwards; views sharing that storage lose it too."""
+        self._pending = None  # nothing is left to check (or to read)
         return sum(C.free(t) for t in (self._values, self._lengths, self._offsets, self._weights))
 
     # ------------------------------------------------------------------ per key

@@ -113,6 +113,8 @@ FIRST_USES = {
     "host_offsets": lambda jt: jt.host_offsets(),
     "to(meta)": lambda jt: jt.to("meta"),
     "to_nested": lambda jt: jt.to_nested(),
+    "lengths": lambda jt: jt.lengths(),
+    "offsets": lambda jt: jt.offsets(),
 }
 
 

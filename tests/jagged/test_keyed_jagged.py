@@ -192,6 +192,8 @@ FIRST_USES = {
     "to(meta)": lambda k: k.to("meta"),
     "host_offsets": lambda k: k.host_offsets(),
     "str": str,
+    "lengths": lambda k: k.lengths(),
+    "offsets": lambda k: k.offsets(),
 }
 
 
