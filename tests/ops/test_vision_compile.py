@@ -210,3 +210,83 @@ def test_patchify_unpatchify_and_patch_embedding_in_one_graph():
     batches = [([(4 * h, 4 * w) for h, w in _sizes(i, b, 1, 6)], i) for i, b in enumerate(BATCHES)]
     _check_against_eager(f, [*embed.parameters(), *conv.parameters()], batches,
                          prepare=lambda x: prepare_for_compile(x, patch=4), dtype=torch.float64, atol=1e-9, rtol=1e-9)
+
+
+# ------------------------------------------------------------------ size maps and messages
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_axis_maps_compose_like_the_layers_they_stand_for(seed):
+    """A stack of layers (kernel, stride, padding, dilation) maps every side n exactly as the
+    composed AxisMap does: the level arithmetic the carried maps rely on."""
+    rng = random.Random(seed)
+    geoms = [(rng.randint(1, 7), rng.randint(1, 3), rng.randint(0, 3), rng.randint(1, 2)) for _ in range(4)]
+    level = AxisMap()
+    for k, s, p, d in geoms:
+        level = level.then(AxisMap.of_geometry(k, s, 2 * p, d))
+    for n in range(0, 200):
+        m = n
+        for k, s, p, d in geoms:
+            m = max(0, (m + 2 * p - d * (k - 1) - 1) // s + 1)
+        if all(v > 0 for v in [n, m]):  # once a side vanishes torch refuses the image anyway
+            assert level(n) == m, (n, geoms, level)
+    assert AxisMap.ceil_div(4) == AxisMap.ceil_div(2).then(AxisMap.ceil_div(2))
+    assert str(AxisMap.ceil_div(8)) == "floor((n + 7) / 8)"
+
+
+def _traced(fn, x):
+    return torch.compile(fn, backend="eager", fullgraph=True)(x)
+
+
+def test_strided_layer_without_its_map_names_the_level_to_prepare():
+    x, _ = image_batch([(9, 12), (5, 7)])
+    with pytest.raises(Exception, match=r"carries no map 'image_rows_h1p1d2_w1p1d2'.*prepare_for_compile\(images, strides="):
+        _traced(lambda t: F.conv2d(t, torch.ones(2, 3, 3, 3), stride=2, padding=1), x)
+
+
+def test_ceil_mode_pooling_is_refused_under_compile():
+    x, _ = image_batch([(9, 12), (5, 7)])
+    with pytest.raises(Exception, match=r"max_pool2d\(\): ceil_mode=True is not supported under torch.compile"):
+        _traced(lambda t: F.max_pool2d(t, 3, 2, ceil_mode=True), prepare_for_compile(x))
+
+
+def test_interpolate_under_compile_refuses_inexact_scales_and_per_image_lists():
+    x, _ = image_batch([(9, 12), (5, 7)])
+    with pytest.raises(Exception, match=r"scale_factor must be an integer or a fraction over a power of two"):
+        _traced(lambda t: F.interpolate(t, scale_factor=1 / 3), x)
+    with pytest.raises(Exception, match=r"per-image lists and tensors are host data"):
+        _traced(lambda t: F.interpolate(t, size=[(3, 3), (4, 4)]), x)
+
+
+def test_patches_under_compile_need_the_patch_maps_and_the_image_batch():
+    x, _ = image_batch([(8, 12), (4, 4)])
+    with pytest.raises(Exception, match=r"carries no 'image_maxtok_4x4'.*prepare_for_compile\(images, patch=4\)"):
+        _traced(lambda t: padless.patchify(t, 4), prepare_for_compile(x, strides=(), levels=(AxisMap(1, 0, 4),)))
+    with pytest.raises(Exception, match=r"unpatchify\(\): under torch.compile image_sizes must be the image batch itself"):
+        _traced(lambda t: padless.unpatchify(padless.patchify(t, 4), 4, torch.tensor([[8, 12], [4, 4]])),
+                prepare_for_compile(x, patch=4))
+
+
+def test_prepare_for_compile_refuses_what_it_cannot_serve():
+    seqs = padless.from_list([torch.randn(3, 5), torch.randn(3, 2)], ragged_dims=(1,))
+    with pytest.raises(StructureError, match=r"prepare_for_compile\(\): expected images \(C, H_i, W_i\)"):
+        prepare_for_compile(seqs)
+    x, _ = image_batch([(8, 12)])
+    with pytest.raises(ValueError, match=r"each entry of strides must be an int >= 1"):
+        prepare_for_compile(x, strides=(0,))
+    with pytest.raises(ValueError, match=r"AxisMap: mul and div must be positive ints"):
+        AxisMap(1, 0, 0)
+
+
+def test_island_refuses_maps_of_another_batch_and_keeps_torch_errors():
+    """The opaque op checks the row count the maps promised (a batch prepared for other sizes),
+    and an image the layer cannot run on gets eager's error, naming the image."""
+    from padless.ops.vision_compiled import image_island
+
+    x, _ = image_batch([(9, 12), (5, 7)])
+    spec = repr((2, 1, 1, 1, False))
+    with pytest.raises(StructureError, match=r"the carried maps promised 10 output rows"):
+        image_island("conv2d", spec, x._values, x._sizes, x._offsets, [1, 2], [torch.ones(2, 3, 3, 3)], 10, [2])
+    e, _ = image_batch([(5, 6), (0, 0)])
+    with pytest.raises(RuntimeError, match=r"conv2d\(\): image 1 of shape \(3, 0, 0\) is too small for this layer"):
+        image_island("conv2d", spec, e._values, e._sizes, e._offsets, [1, 2], [torch.ones(2, 3, 3, 3)], 9, [2])
