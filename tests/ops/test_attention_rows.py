@@ -148,6 +148,23 @@ def test_sdpa_on_transposed_pairs_is_row_attention_with_bias(lens):
     assert out.ragged_dims == (0, 1) and out.shape[-2:] == (H, 5)
 
 
+@pytest.mark.parametrize("kw", [dict(is_causal=True), dict(enable_gqa=True, scale=0.3)])
+def test_pair_layout_causal_and_grouped_heads_match_dense_sdpa(kw):
+    lens = LENS[0]
+    q = _pairs(lens, 1, (4, E))
+    k, v = _pairs(lens, 2, (H, E)), _pairs(lens, 3, (H, 3))
+
+    def f(a, b, c):
+        return F.scaled_dot_product_attention(a.transpose(2, 3), b.transpose(2, 3), c.transpose(2, 3), **kw)
+
+    def ref(a, b, c):
+        return F.scaled_dot_product_attention(a.transpose(1, 2), b.transpose(1, 2), c.transpose(1, 2), **kw)
+
+    if not kw.get("enable_gqa"):
+        q = _pairs(lens, 1)
+    check_samples(f, ref, [q, k, v])
+
+
 @pytest.mark.parametrize("key_mask", [None, "keys", "pair"])
 @pytest.mark.parametrize("lens", LENS)
 def test_row_attention_bias_and_key_masks(lens, key_mask):
