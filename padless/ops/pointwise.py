@@ -112,7 +112,7 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
 
     aligned: dict[int, Tensor] = {}
     nts = _nested_operands(args, kwargs)
-    if len(nts) > 1 and _needs_broadcast(ref, nts):
+    if len(nts) > 1 and _needs_broadcast(ref, nts, opname):
         from padless.ops import broadcast
 
         p = broadcast.plan(str(opname), nts)
@@ -168,12 +168,13 @@ def _nested_operands(args, kwargs) -> list[NestedTensor]:
     return out
 
 
-def _needs_broadcast(ref: NestedTensor, nts: list[NestedTensor]) -> bool:
-    """False when every operand has ``ref``'s structure (the common case: an identity test)."""
+def _needs_broadcast(ref: NestedTensor, nts: list[NestedTensor], opname=None) -> bool:
+    """False when every operand has ``ref``'s structure (the common case: an identity test).
+    Under compile, operands of distinct structures get a run-time check named ``opname``."""
     for n in nts[1:]:
         if n._meta is ref._meta and n._ragged == ref._ragged:
             continue
-        if _structure_mismatch(ref, n) is not None:
+        if _structure_mismatch(ref, n, opname, broadcast=True) is not None:
             return True
     return False
 

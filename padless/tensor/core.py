@@ -58,6 +58,8 @@ def register_carried(name: str, row_level: bool = True) -> str:
     return name
 
 
+#: Key in ``meta.derived`` of a structure whose carried maps are fixed (no automatic ones).
+_EXACT_CARRIERS = "exact_carriers"
 #: Functions called on a real (not traced) NestedTensor when ``__tensor_flatten__`` hands it
 #: to a compiled graph; each may cache carried maps on its structure (cheaply, from host
 #: metadata), so batches compile without a preparation step. See :func:`register_auto_carrier`.
@@ -226,12 +228,30 @@ class NestedTensor(Tensor):
     def __tensor_flatten__(self) -> tuple[list[str], tuple]:
         ctx = tuple(getattr(self, a) for a in self._ATTRS)
         if AUTO_CARRIERS and not isinstance(self._values, _TRACED_TYPES) and not self._values.is_meta:
-            for fn in AUTO_CARRIERS:  # e.g. the pair row count (padless.ops.compile_rows)
-                fn(self)
+            if _EXACT_CARRIERS not in self._meta.derived:
+                for fn in AUTO_CARRIERS:  # e.g. the pair row count (padless.ops.compile_rows)
+                    fn(self)
         carried = self._carried_names()
         if carried:  # row maps prepared for compiled row-creating ops (padless.ops.compile_rows)
             return list(self._INNER) + ["_" + k for k in carried], ctx + (carried,)
         return list(self._INNER), ctx
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: tuple, expected_type: type | None = None):
+        """A gradient fed to a compiled backward with exactly the carried maps the graph traced
+        its tangent with (a real gradient may carry others, or get automatic ones when
+        flattened). None when a map the graph expects is missing (torch then explains)."""
+        if expected_type not in (None, type(self)) or expected_metadata[0] != self._ragged:
+            return None
+        want = expected_metadata[1] if len(expected_metadata) > 1 else ()
+        m, dev = self._meta, self._values.device
+        meta = StructureMeta(m.host_sizes, m.host_offsets)
+        for k in want:
+            t = m.derived.get((k, dev))
+            if t is None:
+                return None
+            meta.derived[(k, dev)] = t
+        meta.derived[_EXACT_CARRIERS] = True
+        return NestedTensor(self._values, self._offsets, self._sizes, self._ragged, self._env, meta)
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size: Sequence, outer_stride: Sequence) -> "NestedTensor":
@@ -243,6 +263,24 @@ class NestedTensor(Tensor):
         return NestedTensor(
             inner["_values"], inner["_offsets"], inner["_sizes"], ragged, tuple(outer_size[1:]), meta
         )
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: tuple, expected_type: type | None = None):
+        """A tangent whose flatten metadata differs from what AOTAutograd guessed from the forward
+        output: the same tensor with only the expected carried maps. A tangent can carry more
+        (``pair_count`` made when a batch with host sizes is flattened) than an output built
+        inside the graph; ``None`` (torch's error) when an expected map is missing. The copy
+        holds no host sizes, so flattening it makes no further carriers."""
+        if (expected_type is not None and expected_type is not type(self)) or expected_metadata[0] != self._ragged:
+            return None
+        names = tuple(expected_metadata[1]) if len(expected_metadata) > 1 else ()
+        dev = self._values.device
+        d = self._meta.derived
+        if any((k, dev) not in d for k in names):
+            return None
+        meta = StructureMeta()
+        meta.derived.update((k, v) for k, v in d.items() if not (isinstance(k, tuple) and k[0] in CARRIED_INNER))
+        meta.derived.update(((k, dev), d[(k, dev)]) for k in names)
+        return NestedTensor(self._values, self._offsets, self._sizes, self._ragged, self._env, meta)
 
     def _carried_names(self) -> tuple[str, ...]:
         """Names of the cached row maps that flatten as extra inner tensors (see CARRIED_INNER)."""
@@ -685,8 +723,14 @@ def _fmt_shape(row: Sequence[int]) -> str:
     return "(" + ", ".join(str(int(x)) for x in row) + (",)" if len(row) == 1 else ")")
 
 
-def _structure_mismatch(a: NestedTensor, b: NestedTensor) -> str | None:
-    """None when a and b have the same structure, else a message naming the first differing sample."""
+def _structure_mismatch(
+    a: NestedTensor, b: NestedTensor, opname: Any = None, broadcast: bool = False
+) -> str | None:
+    """None when a and b have the same structure, else a message naming the first differing sample.
+
+    Under ``torch.compile`` sizes are runtime data: with ``opname`` given, the graph gets a
+    check that raises the eager error when it runs (:mod:`padless.tensor.traced_checks`;
+    ``broadcast`` words it as pointwise broadcasting does), and this returns None."""
     if a._meta is b._meta or a._sizes is b._sizes:
         return None if a._ragged == b._ragged else _layout_msg(a, b)
     if a.batch_size != b.batch_size:
@@ -698,7 +742,11 @@ def _structure_mismatch(a: NestedTensor, b: NestedTensor) -> str | None:
     if a._ragged != b._ragged:
         return _layout_msg(a, b)
     if _is_traced(a._sizes) or _is_traced(b._sizes):
-        # Under torch.compile sizes are runtime data; equal row counts is all we can check.
+        # Under torch.compile sizes are runtime data: compared when the graph runs.
+        if opname is not None and a._sizes is not b._sizes:
+            from padless.tensor.traced_checks import check_same_sizes
+
+            check_same_sizes(a._sizes, b._sizes, list(a._ragged), str(opname), broadcast)
         return None
     if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
         sa, sb = a._meta.host_sizes, b._meta.host_sizes
@@ -724,7 +772,7 @@ def _layout_msg(a: NestedTensor, b: NestedTensor) -> str:
 
 
 def check_same_structure(opname: str, a: NestedTensor, b: NestedTensor) -> None:
-    msg = _structure_mismatch(a, b)
+    msg = _structure_mismatch(a, b, opname)
     if msg is not None:
         raise ValueError(f"{opname}(): ragged structures differ: {msg}")
 
