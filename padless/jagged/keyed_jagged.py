@@ -193,6 +193,9 @@ class KeyedJaggedTensor:
                 self._pending = None
         return self._host_offsets
 
+    def _unchecked(self) -> bool:
+        return self._pending is not None and self._pending is not C.CHECKED
+
     def _check(self) -> None:
         """The structure checks construction defers; fills ``length_per_key``/``offset_per_key``.
         Host lengths alone (the common case) take one min and one per-key sum, leaving the
@@ -462,7 +465,7 @@ class KeyedJaggedTensor:
 
     def length_per_key(self) -> list[int]:
         """Number of values per key (host list, cached; see the class note on cost)."""
-        if self._length_per_key is None or self._pending:  # a given list is checked on first use
+        if self._length_per_key is None or self._unchecked():  # a given list is checked on first use
             self.sync()
         return self._length_per_key  # type: ignore[return-value]
 
@@ -471,7 +474,7 @@ class KeyedJaggedTensor:
 
     def offset_per_key(self) -> list[int]:
         """Where each key's values start, plus the end (host list, cached)."""
-        if self._offset_per_key is None or self._pending:
+        if self._offset_per_key is None or self._unchecked():
             self.sync()
         return self._offset_per_key  # type: ignore[return-value]
 
@@ -663,8 +666,8 @@ class KeyedJaggedTensor:
         spkpr = self._per_key_ranks() if variable else None
         lengths = self.lengths()
         lengths = lengths if lengths.dim() == 1 else lengths.reshape(-1)
-        # known host offsets are sliced; host lengths not yet summed leave each part one cumsum, on first need
-        defer = self._pending is C.CHECKED and lengths.device.type == "cpu"
+        # host lengths: each part's bag offsets are one cumsum of its lengths, on first need (as TorchRec defers)
+        defer = lengths.device.type == "cpu"
         h = None if defer else self._host()
         hn = None if h is None else h.numpy()
         lpk = self._length_per_key

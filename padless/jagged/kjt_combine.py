@@ -28,47 +28,54 @@ def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
         raise ValueError(f"{what}: needs at least one KeyedJaggedTensor")
     if len(kjt_list) == 1:
         return kjt_list[0]
-    weighted = [k.weights_or_none() is not None for k in kjt_list]
+    weighted = [k._weights is not None for k in kjt_list]
     if any(weighted) and not all(weighted):
         raise ValueError(f"{what}: cannot mix weighted and unweighted KeyedJaggedTensors (weighted: {weighted})")
-    keys = [key for k in kjt_list for key in k.keys()]
+    # one pass over the parts: what to concatenate and what is known on the host
+    keys: list[str] = []
+    vals, ws, lens = [], [], []
+    ends: list[int | None] = []
+    lpk: list[int] | None = []
+    keyed = []  # a KJT without keys has no batch size to agree on
     for k in kjt_list:
         k._check()  # a part built lazily by the caller is checked here
-    # rows each part uses (its values may hold an unused tail); None where unknown without a sync
-    ends = [None if o is None else o[-1] for o in (k._offset_per_key for k in kjt_list)]
-    vals = [C.used(k._values, e) for k, e in zip(kjt_list, ends)]
-    values = torch.cat(vals)  # type: ignore[arg-type]
-    weights = torch.cat([C.used(k._weights, e) for k, e in zip(kjt_list, ends)]) if weighted[0] else None  # type: ignore[misc]
-    lens = [k.lengths() for k in kjt_list]
-    lengths = torch.cat([ln if ln.dim() == 1 else ln.reshape(-1) for ln in lens])
-    keyed = [k for k in kjt_list if k._keys]  # a KJT without keys has no batch size to agree on
-    variable = any(k._stride_per_key_per_rank is not None for k in keyed) or any(
-        k._stride != keyed[0]._stride for k in keyed
-    )
-    lpk: list[int] | None = []
-    for k in kjt_list:
-        if k._length_per_key is None:
+        keys += k._keys
+        opk = k._offset_per_key
+        end = None if opk is None else opk[-1]  # rows it uses: its values may hold an unused tail
+        ends.append(end)
+        vals.append(C.used(k._values, end))
+        if weighted[0]:
+            ws.append(C.used(k._weights, end))
+        ln = k._lengths if k._lengths is not None else k.lengths()
+        lens.append(ln if ln.dim() == 1 else ln.reshape(-1))
+        if lpk is not None and k._length_per_key is not None:
+            lpk += k._length_per_key
+        else:
             lpk = None
-            break
-        lpk += k._length_per_key  # type: ignore[operator]
+        if k._keys:
+            keyed.append(k)
+    values = torch.cat(vals)  # type: ignore[arg-type]
+    weights = torch.cat(ws) if weighted[0] else None  # type: ignore[arg-type]
+    lengths = torch.cat(lens)
+    first = (keyed or kjt_list)[0]
+    variable = any(k._stride_per_key_per_rank is not None or k._stride != first._stride for k in keyed)
     pending = None
     host = None
-    if lengths.device.type == "cpu" and lpk is not None:
-        pending = C.CHECKED  # the parts are checked: the bag offsets are one cumsum, on first need
-    elif lengths.device.type == "cpu":
-        pending = ""
+    if lengths.device.type == "cpu":
+        # parts checked and per-key lists known: the bag offsets are one cumsum, on first need
+        pending = C.CHECKED if lpk is not None else ""
     elif None not in ends:
         hos = [k._host() for k in kjt_list]
         if all(h is not None for h in hos):
             host = join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
     spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
-    invs = [k._inverse_indices for k in kjt_list]
     inv = None
-    if all(i is not None for i in invs):
+    if all(k._inverse_indices is not None for k in kjt_list):
+        invs = [k._inverse_indices for k in kjt_list]
         inv = ([x for i in invs for x in i[0]], torch.cat([i[1] for i in invs]))  # type: ignore[index]
     out = type(kjt_list[0])._make(
         keys, values, weights, lengths, None,
-        C.vbe_stride(spkpr, inv) if spkpr is not None else (keyed or kjt_list)[0]._stride,
+        C.vbe_stride(spkpr, inv) if spkpr is not None else first._stride,
         spkpr, lpk, None if lpk is None else C.cumsum_list(lpk), host, inv,
     )
     out._pending = pending
