@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.jagged.keyed_jagged import KeyedJaggedTensor
 from padless.jagged.keyed_tensor import KeyedTensor
+from padless.tensor.traced import row_range
 
 Table = Union[Tensor, nn.Module]
 _MODES = ("sum", "mean", "max")
@@ -56,6 +57,20 @@ def _psw(
     return w
 
 
+def _bag_offsets(features: JaggedTensor | KeyedJaggedTensor) -> Tensor:
+    """The bag offsets. Under ``torch.compile`` they come from the tensors the features hold,
+    without the host-side structure checks (those read data; validate before compiling)."""
+    if not torch.compiler.is_compiling():
+        return features.offsets()
+    off = features.offsets_or_none()
+    if off is not None:
+        return off
+    lengths = features.lengths_or_none()
+    if lengths is None:  # a KJT built with neither: no bags
+        return features.values().new_zeros(1, dtype=torch.int64)
+    return torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+
+
 def _bag(ids: Tensor, offsets: Tensor, table: Tensor, mode: str, psw: Tensor | None) -> Tensor:
     return F.embedding_bag(
         ids, table, offsets.to(ids.dtype), mode=mode, per_sample_weights=psw, include_last_offset=True
@@ -74,7 +89,7 @@ def embedding_bag(
 
     ``features`` is a JaggedTensor (one table, output key ``key``) or a
     KeyedJaggedTensor (one table per key: a tensor shared by every key, a
-    ``{key: table}`` mapping, or a sequence in key order; tables are ``(N, D_k)``
+    ``{key: table}`` mapping or ``nn.ModuleDict``, or a sequence in key order; tables are ``(N, D_k)``
     tensors or ``nn.Embedding``/``nn.EmbeddingBag`` modules). Each key runs one
     ``F.embedding_bag`` on its slice of the packed ids with its offsets (a shared table:
     one call for all keys), so autograd reaches the tables and nothing is padded.
@@ -98,7 +113,7 @@ def embedding_bag(
         if isinstance(weight, Mapping) or isinstance(weight, (list, tuple)):
             raise TypeError(f"{what}: a JaggedTensor takes one table, got a {type(weight).__name__}")
         t = _table(what, key, weight)  # type: ignore[arg-type]
-        out = _bag(ids, features.offsets(), t, mode, psw)
+        out = _bag(ids, _bag_offsets(features), t, mode, psw)
         return KeyedTensor([key], [t.shape[1]], out, key_dim=1)
     if not isinstance(features, KeyedJaggedTensor):
         raise TypeError(f"{what}: features must be a JaggedTensor or KeyedJaggedTensor, got {type(features).__name__}")
@@ -109,10 +124,15 @@ def embedding_bag(
             f"{what}: keys have different batch sizes {kjt.stride_per_key()}; a KeyedTensor needs one batch "
             "(pool each key's JaggedTensor from to_dict() instead)"
         )
-    b = kjt.stride()
+    offsets = _bag_offsets(kjt)
+    compiling = torch.compiler.is_compiling()
+    # compiled: the batch size from a tensor size (symbolic), not the python int stride()
+    b = (offsets.shape[0] - 1) // max(len(keys), 1) if compiling else kjt.stride()
+    if isinstance(weight, nn.ModuleDict):  # {key: nn.Embedding} as a module: a mapping of tables
+        weight = dict(weight.items())
     if isinstance(weight, (Tensor, nn.Module)):
         t = _table(what, "every key", weight)
-        pooled = _bag(ids, kjt.offsets(), t, mode, psw)  # (K*B, D), key-major
+        pooled = _bag(ids, offsets, t, mode, psw)  # (K*B, D), key-major
         d = t.shape[1]
         values = pooled.view(len(keys), b, d).transpose(0, 1).reshape(b, len(keys) * d)
         return KeyedTensor(keys, [d] * len(keys), values, key_dim=1)
@@ -125,14 +145,21 @@ def embedding_bag(
         if len(weight) != len(keys):
             raise ValueError(f"{what}: {len(weight)} tables for {len(keys)} keys {keys}")
         tables = [_table(what, k, w) for k, w in zip(keys, weight)]
-    opk = kjt.offset_per_key()
-    lop = kjt.lengths_offset_per_key()
-    offsets = kjt.offsets()
     outs = []
-    for i, t in enumerate(tables):
-        s, e = opk[i], opk[i + 1]
-        outs.append(
-            _bag(ids[s:e], offsets[lop[i] : lop[i + 1] + 1] - s, t, mode, None if psw is None else psw[s:e])
-        )
+    if compiling:  # each key's ids are a data-dependent range: an unbacked size in the graph
+        for i, t in enumerate(tables):
+            rows = row_range(offsets, i * b, (i + 1) * b)
+            off = offsets[i * b : (i + 1) * b + 1]
+            outs.append(
+                _bag(ids.index_select(0, rows), off - off[:1], t, mode, None if psw is None else psw.index_select(0, rows))
+            )
+    else:
+        opk = kjt.offset_per_key()
+        lop = kjt.lengths_offset_per_key()
+        for i, t in enumerate(tables):
+            s, e = opk[i], opk[i + 1]
+            outs.append(
+                _bag(ids[s:e], offsets[lop[i] : lop[i + 1] + 1] - s, t, mode, None if psw is None else psw[s:e])
+            )
     values = torch.cat(outs, dim=1) if outs else ids.new_zeros((b, 0), dtype=torch.float32)
     return KeyedTensor(keys, [t.shape[1] for t in tables], values, key_dim=1)

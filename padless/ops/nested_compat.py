@@ -14,7 +14,7 @@ from torch import Tensor
 
 from padless.ops.structure import outer_dim
 from padless.tensor.behaviour import getitem
-from padless.tensor.convert import to_padded
+from padless.tensor.convert import padded_copy
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements
 
@@ -22,7 +22,7 @@ from padless.tensor.registry import implements
 @implements(torch.Tensor.to_padded_tensor)
 def to_padded_tensor(func, nt: NestedTensor, padding: float, output_size=None) -> Tensor:
     """Dense copy with ``padding`` in the padded positions (``output_size`` may only enlarge)."""
-    return to_padded(nt, padding, output_size)
+    return padded_copy(nt, padding, output_size)
 
 
 @implements(torch.select, torch.Tensor.select)

@@ -27,9 +27,10 @@ from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, samp
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.convert import select_samples
-from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, check_same_structure
+from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced, check_same_structure
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
+from padless.tensor.traced import traced_max, traced_sum
 
 
 def _host_int(op: str, what: str, x: Any) -> int:
@@ -62,6 +63,8 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
     if p not in nt._ragged:
         vd = values_dim(nt, p)
         return restructure(nt, values_of(nt).narrow(vd, start, length), static_changed(nt, p, length))
+    if nt._meta.host_sizes is None and _is_traced(nt._sizes):
+        return _narrow_traced(nt, p, start, length)
     hs, ho = host_structure(nt, "narrow")
     n = hs[:, p]
     s = n + start if start < 0 else torch.full_like(n, start)
@@ -82,6 +85,30 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
     rows = layout.source_rows(sid, dict(zip(nt._ragged, coords)), hs, ho, nt._ragged)
     rows = rows.to(nt._values.device, non_blocking=True)
     return from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho)
+
+
+def _narrow_traced(nt: NestedTensor, p: int, start: int, length: int) -> NestedTensor:
+    """``narrow`` of ragged dim ``p`` inside a compiled graph, from device sizes. With one
+    ragged dim the output has ``B * length`` rows (a size the compiler knows); with several,
+    the row count is a new size (:func:`padless.tensor.traced.traced_sum`)."""
+    n = nt._sizes[:, p]
+    s = n + start if start < 0 else torch.full_like(n, start)
+    torch._assert_async(
+        ((s >= 0) & (s + length <= n)).all(),
+        f"narrow(): a sample is too short along dim {p + 1} for the window start={start}, length={length}",
+    )
+    out_sizes = nt._sizes.clone()
+    out_sizes[:, p] = length
+    counts = layout.row_counts(out_sizes, nt._ragged)
+    out_offsets = layout.offsets_from_counts(counts)
+    total = nt.batch_size * length if len(nt._ragged) == 1 else traced_sum(counts)
+    sid, coords = layout.row_coords(out_sizes, out_offsets, nt._ragged, total)
+    q = nt._ragged.index(p)
+    coords[q] = coords[q] + s.index_select(0, sid)
+    rows = layout.source_rows(sid, dict(zip(nt._ragged, coords)), nt._sizes, nt._offsets, nt._ragged)
+    env = list(nt._env)
+    env[p] = length
+    return nested_from_values(values_of(nt).index_select(0, rows), out_offsets, out_sizes, nt._ragged, env, StructureMeta())
 
 
 # ---------------------------------------------------------------------------- cat / stack
@@ -183,9 +210,22 @@ def _cat_batches(ts: list[NestedTensor]) -> NestedTensor:
 def _cat_ragged(ts: list[NestedTensor], p: int) -> NestedTensor:
     _same_static("cat", ts)
     t0, ragged = ts[0], ts[0]._ragged
-    hosts = [host_structure(t, "cat") for t in ts]
+    traced = _is_traced(t0._sizes) and any(t._meta.host_sizes is None for t in ts)
+    if traced:  # compiled: device sizes; the row count is the inputs' together, the envelope a symbol
+        hosts = [(t._sizes, t._offsets) for t in ts]
+        for j, t in enumerate(ts[1:], 1):
+            if t.batch_size != t0.batch_size:
+                raise StructureError(f"cat(): batch sizes differ: input 0 has {t0.batch_size} samples, input {j} has {t.batch_size}")
+    else:
+        hosts = [host_structure(t, "cat") for t in ts]
     others = [c for c in range(t0.sample_dim) if c != p]
     for j, (hs, _) in enumerate(hosts[1:], 1):
+        if traced:
+            torch._assert_async(
+                (hs[:, others] == hosts[0][0][:, others]).all(),
+                f"cat(): along ragged dim {p + 1} every other dim must agree per sample (input {j} differs)",
+            )
+            continue
         if hs.shape[0] != t0.batch_size:
             raise StructureError(f"cat(): batch sizes differ: input 0 has {t0.batch_size} samples, input {j} has {hs.shape[0]}")
         bad = (hs[:, others] != hosts[0][0][:, others]).any(1).nonzero()
@@ -199,20 +239,28 @@ def _cat_ragged(ts: list[NestedTensor], p: int) -> NestedTensor:
     cum = torch.cat([torch.zeros_like(lens[:, :1]), lens.cumsum(1)], 1)
     out_hs = hosts[0][0].clone()
     out_hs[:, p] = cum[:, -1]
-    out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, ragged))
-    sid, coords = layout.row_coords(out_hs, out_ho, ragged, int(out_ho[-1]))
+    out_ho = hosts[0][1]  # rows of a sample add up: the other dims agree
+    for _, ho in hosts[1:]:
+        out_ho = out_ho + ho
+    total = sum(t._values.shape[0] for t in ts)
+    sid, coords = layout.row_coords(out_hs, out_ho, ragged, total)
     q = ragged.index(p)
     c = coords[q]
     j = (c.unsqueeze(1) >= cum[sid, 1:-1]).sum(1)  # input holding each row: boundaries passed
     coords[q] = c - cum[sid, j]
     sizes_all = torch.stack([hs for hs, _ in hosts])  # (n, B, D)
     offs_all = torch.stack([ho for _, ho in hosts])  # (n, B+1)
-    base = torch.tensor([0] + [t._values.shape[0] for t in ts]).cumsum(0)
+    base = torch.cat([offs_all.new_zeros(1), offs_all[:, -1].cumsum(0)])  # first row of each input
     row = torch.zeros_like(sid)
     for d, cd in zip(ragged, coords):
         row = row * sizes_all[j, sid, d] + cd
-    rows = (base[j] + offs_all[j, sid] + row).to(t0._values.device, non_blocking=True)
-    vals = torch.cat([values_of(t) for t in ts], 0).index_select(0, rows)
+    rows = base[j] + offs_all[j, sid] + row
+    vals = torch.cat([values_of(t) for t in ts], 0)
+    if traced:
+        env, meta = list(t0._env), StructureMeta()
+        env[p] = traced_max(out_hs[:, p], meta, p)
+        return nested_from_values(vals.index_select(0, rows), out_ho, out_hs, ragged, env, meta)
+    vals = vals.index_select(0, rows.to(t0._values.device, non_blocking=True))
     return from_host_structure(vals, out_hs, ragged, t0, out_ho)
 
 
@@ -279,10 +327,19 @@ def gather(func, nt: NestedTensor, dim: int, index: Tensor, *, sparse_grad: bool
     if p not in nt._ragged:  # same rows: a gather inside every row (works under torch.compile)
         check_same_structure("gather", nt, index)
         return _restructure_as(torch.gather(vals, values_dim(nt, p), idx), index)
-    hs, ho = host_structure(nt, "gather")
-    his, hio = host_structure(index, "gather")
     rag = [r for r in nt._ragged if r != p]
-    bad = (hs[:, rag] != his[:, rag]).any(1).nonzero()
+    traced = _is_traced(idx) and (nt._meta.host_sizes is None or index._meta.host_sizes is None)
+    if traced:  # compiled: device sizes; the output has the index's rows (a size the graph knows)
+        hs, ho, his, hio = nt._sizes, nt._offsets, index._sizes, index._offsets
+        torch._assert_async(
+            (hs[:, rag] == his[:, rag]).all(),
+            f"gather(): index and input may differ only along dim {o} and in static extents",
+        )
+        bad = hs.new_zeros((0, 1))
+    else:
+        hs, ho = host_structure(nt, "gather")
+        his, hio = host_structure(index, "gather")
+        bad = (hs[:, rag] != his[:, rag]).any(1).nonzero()
     if len(bad):
         i = int(bad[0, 0])
         raise StructureError(
@@ -301,7 +358,7 @@ def gather(func, nt: NestedTensor, dim: int, index: Tensor, *, sparse_grad: bool
     dev = idx.device
     extent_d = extent.to(dev, non_blocking=True).view(shape)
     ok = (idx >= 0) & (idx < extent_d)
-    if dev.type == "cpu":
+    if dev.type == "cpu" and not traced:
         if not bool(ok.all()):
             row = int((~ok).reshape(ok.shape[0], -1).any(1).nonzero()[0, 0])
             i, v = int(sid[row]), int(idx[row][~ok[row]].flatten()[0])

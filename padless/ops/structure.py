@@ -99,9 +99,10 @@ def restructure(
         return torch.stack(cols, 1)
 
     m = nt._meta
+    traced = _is_traced(values)
     key = ("restructure", tuple(dims), ragged)
-    hit = m.derived.get(key)
-    if hit is not None and not _is_traced(values):
+    hit = None if traced else m.derived.get(key)  # traced: extents may be SymInts (unhashable)
+    if hit is not None:
         sizes, meta, env = hit
         return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
     meta = StructureMeta()
@@ -115,7 +116,7 @@ def restructure(
         if isinstance(k, tuple) and k[0] in _ROW_KEYS:
             meta.derived[k] = v
     env = [nt._env[d] if kind == RAGGED else d for kind, d in dims]
-    if not _is_traced(values):
+    if not traced:
         m.derived[key] = (sizes, meta, env)
     return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
 

@@ -236,13 +236,19 @@ def from_padded(
     *,
     mask: Tensor | None = None,
     ragged_dims: Sequence[int] | int | None = None,
+    like: NestedTensor | None = None,
 ) -> NestedTensor:
-    """Pack a padded tensor ``(B, *envelope)`` given per-sample ``lengths`` or a prefix ``mask``.
+    """Pack a padded tensor ``(B, *envelope)`` given per-sample ``lengths``, a prefix ``mask``,
+    or the structure of a NestedTensor ``like``.
 
     * ``lengths`` of shape ``(B,)``: one ragged dim (``ragged_dims`` or sample dim 0);
       ``(B, R)``: R ragged dims (``ragged_dims`` or the leading R sample dims).
     * ``mask`` (bool) of shape ``padded.shape[:k+1]``: True where valid, a prefix in
       every covered dim; the covered sample dims ``0..k-1`` become ragged.
+    * ``like``: the ragged structure of that NestedTensor (its rows and offsets; static
+      extents from ``padded``), e.g. ``from_padded(dense_model(x.to_padded()), like=x)``.
+      Under ``torch.compile`` this keeps ``x``'s row count and envelope, so the result
+      combines with ``x``; ``lengths`` there give a new, data-dependent row count.
 
     Differentiable w.r.t. ``padded``. Lengths or masks on a device are read on the host
     (one sync); pass CPU lengths to avoid it.
@@ -252,6 +258,16 @@ def from_padded(
     [[0.0, 1.0, 2.0], [3.0]]
     """
     what = "NestedTensor.from_padded"
+    if like is not None:
+        if lengths is not None or mask is not None or ragged_dims is not None:
+            raise StructureError(f"{what}: like= gives the whole structure; pass no lengths, mask or ragged_dims with it")
+        from padless.tensor.convert import pack_like
+
+        return pack_like(padded, like)
+    if torch.compiler.is_compiling() and mask is None and isinstance(lengths, Tensor):
+        from padless.tensor.convert import pack_lengths
+
+        return pack_lengths(padded, lengths, ragged_dims)
     if not isinstance(padded, Tensor) or isinstance(padded, NestedTensor):
         raise TypeError(f"{what}: padded must be a dense tensor, got {type(padded).__name__}")
     if padded.dim() < 2:

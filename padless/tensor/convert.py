@@ -13,9 +13,10 @@ from torch import Tensor
 
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, split_rows, values_of
-from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic, static_change
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import lent
+from padless.tensor.traced import select_sample
 
 
 def _inverse(perm: Sequence[int]) -> list[int]:
@@ -48,19 +49,20 @@ def unbind_samples(nt: NestedTensor, differentiable: bool = True) -> tuple[Tenso
 
 def _padded_index(nt: NestedTensor, env: Sequence[int]) -> Tensor:
     """Cached flat index of every row in the padded ragged grid (on the values' device)."""
-    key = ("padded_idx", nt._values.device, tuple(env))
     m = nt._meta
+    total = nt._values.shape[0]
+    if _is_traced(nt._values):  # symbolic extents: from device sizes, not cached (keys must hash)
+        return layout.padded_row_index(nt._sizes, nt._offsets, nt._ragged, total, env)
+    key = ("padded_idx", nt._values.device, tuple(env))
     hit = m.derived.get(key)
     if hit is not None:
         return hit
-    total = nt._values.shape[0]
-    if m.host_sizes is not None and not _is_traced(nt._values):
+    if m.host_sizes is not None:
         idx = layout.padded_row_index(m.host_sizes, nt.host_offsets(), nt._ragged, total, env)
         idx = idx.to(nt._values.device, non_blocking=True)
     else:
         idx = layout.padded_row_index(nt._sizes, nt._offsets, nt._ragged, total, env)
-    if not _is_traced(nt._values):
-        m.derived[key] = idx
+    m.derived[key] = idx
     return idx
 
 
@@ -71,7 +73,20 @@ grid ``(B * prod(target[ragged]), *static)`` built by a kernel, or None for the 
 
 def to_padded(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] | None = None) -> Tensor:
     """Dense ``(B, *envelope)`` copy with ``value`` in padded positions. Differentiable; no sync
-    when the batch carries host metadata (collated and locally built batches do)."""
+    when the batch carries host metadata (collated and locally built batches do).
+
+    Under ``torch.compile`` the envelope is the NestedTensor's outer size, so the result is
+    ``(B, max N, ...)`` with symbolic ``B`` and ``max N``; the call goes through
+    ``Tensor.to_padded_tensor`` (a torch function the graph records) to :func:`padded_copy`.
+    """
+    if torch.compiler.is_compiling():
+        return torch.Tensor.to_padded_tensor(nt, value, output_size)
+    return padded_copy(nt, value, output_size)
+
+
+def padded_copy(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] | None = None) -> Tensor:
+    """The body of :func:`to_padded` (what the ``to_padded_tensor`` handler runs): one
+    ``index_copy`` of ``values`` into a ``value``-filled grid (or a registered kernel)."""
     env = list(nt._env)
     b = nt.batch_size
     if output_size is not None:
@@ -91,10 +106,13 @@ def to_padded(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] |
     order = nt.storage_order
     vals = values_of(nt)
     static = list(vals.shape[1:])
-    grid_rows = b * math.prod(target[d] for d in ragged)
+    grid_rows = b
+    for d in ragged:
+        grid_rows = grid_rows * target[d]
     grid = None
-    for kernel in PADDED_GRID_KERNELS:  # a Triton kernel when the op layer's dispatch picks one
-        grid = kernel(nt, vals, target, value)
+    if not _is_traced(vals):  # kernels read host metadata; traced, the index_copy twin runs
+        for kernel in PADDED_GRID_KERNELS:  # a Triton kernel when the op layer's dispatch picks one
+            grid = kernel(nt, vals, target, value)
     if grid is None:
         idx = _padded_index(nt, target)
         grid = vals.new_full((grid_rows, *static), value).index_copy(0, idx, vals)
@@ -212,6 +230,18 @@ def _expand_index(index: tuple, ndim: int) -> list[Any]:
     return out + ([] if has_ellipsis else [slice(None)] * (ndim - used))
 
 
+def _check_traced_sample_index(nt: NestedTensor, rest: tuple) -> None:
+    """Under compile, ``nt[i, ...]`` may not drop a ragged dim in the same call: the sample's
+    extents are new sizes of one graph node, and each must reach its output."""
+    entries = [e for e in _expand_index(rest, nt.sample_dim) if e is not None]
+    for d, e in enumerate(entries):
+        if d in nt._ragged and not isinstance(e, slice):
+            raise NotImplementedError(
+                f"NestedTensor indexing: under torch.compile, nt[i, ...] cannot index ragged dim {d + 1} of "
+                f"the sample in the same call; take the sample first and index it next: s = nt[i]; s[...]"
+            )
+
+
 def getitem(nt: NestedTensor, index: Any) -> Tensor:
     """``nt[i]`` -> dense sample i (``nt[i, ...]`` indexes into it); a slice, list, int tensor
     or bool mask on the batch dim -> sub-batch; then basic indexing inside every sample:
@@ -226,6 +256,11 @@ def getitem(nt: NestedTensor, index: Any) -> Tensor:
         if not -b <= first < b:
             raise IndexError(f"index {first} is out of range for a batch of {b} samples")
         i = first % b
+        if nt._meta.host_offsets is None and _is_traced(nt._values):  # compiled: extents are symbols
+            if len(index) > 1:
+                _check_traced_sample_index(nt, index[1:])
+            sample = select_sample(values_of(nt), nt._offsets, nt._sizes, i, list(nt.storage_order))
+            return sample[index[1:]] if len(index) > 1 else sample
         ho = nt.host_offsets()
         rows = values_of(nt)[int(ho[i]) : int(ho[i + 1])]
         sample = _sample_view(nt, rows, nt.host_sizes()[i].tolist())
@@ -242,3 +277,111 @@ def getitem(nt: NestedTensor, index: Any) -> Tensor:
         return nt if len(index) == 1 and index[0] is Ellipsis else select_samples(nt, batch)
     sub = nt if isinstance(batch, slice) and batch == slice(None) else select_samples(nt, batch)
     return lent("index_static")(sub, rest)  # basic indexing inside samples, lent by padless.ops.shape
+
+
+# ---------------------------------------------------------------------------- from padded, compiled
+
+
+def pack_like(padded: Tensor, like: NestedTensor) -> NestedTensor:
+    """The valid positions of ``padded`` ``(B, *extents)``, packed with ``like``'s ragged
+    structure (what ``from_padded(padded, like=nt)`` returns).
+
+    The rows are ``like``'s rows, so the result shares ``like``'s offsets (and, when the
+    static extents agree, its whole structure): under ``torch.compile`` the row count and
+    the envelope are sizes the graph already has, and ``x + from_padded(f(x.to_padded()),
+    like=x)`` adds tensors of one symbolic length. Static dims take ``padded``'s extents (a
+    dense layer may have changed them); ragged extents of ``padded`` must cover ``like``'s
+    envelope. Differentiable w.r.t. ``padded``.
+    """
+    what = "from_padded(like=)"
+    if not isinstance(like, NestedTensor):
+        raise TypeError(f"{what}: like must be a padless NestedTensor, got {type(like).__name__}")
+    if not isinstance(padded, Tensor) or isinstance(padded, NestedTensor):
+        raise TypeError(f"{what}: padded must be a dense tensor, got {type(padded).__name__}")
+    env = like.shape  # the outer size: symbolic under compile (``like._env`` is not, in Dynamo)
+    if padded.dim() != len(env) or padded.shape[0] != env[0]:
+        raise StructureError(
+            f"{what}: padded of shape {tuple(padded.shape)} must have like's batch size {env[0]} "
+            f"and rank {len(env)} (like's envelope is {tuple(env)})"
+        )
+    for d in like._ragged:
+        if padded.shape[d + 1] < env[d + 1]:
+            raise StructureError(
+                f"{what}: padded has extent {padded.shape[d + 1]} along ragged dim {d + 1}, less than like's "
+                f"envelope {env[d + 1]} there; pad to at least like.shape"
+            )
+    if torch.compiler.is_compiling():
+        return _pack_like_graph(padded, like)
+    return _pack_like(padded, like)
+
+
+def _pack_like(padded: Tensor, like: NestedTensor) -> NestedTensor:
+    order = like.storage_order
+    n_ragged = len(like._ragged)
+    static = [padded.shape[d + 1] for d in order[n_ragged:]]
+    grid = padded.permute(0, *[d + 1 for d in order]).reshape(-1, *static)
+    values = grid.index_select(0, _padded_index(like, padded.shape[1:]))
+    if list(values.shape[1:]) == list(like._values.shape[1:]):
+        sizes, meta, env = like._sizes, like._meta, like._env
+    else:
+        sizes, meta, env = static_change(values, like)
+    return nested_from_values(values, like._offsets, sizes, like._ragged, env, meta)
+
+
+def pack_lengths(padded: Tensor, lengths: Tensor, ragged_dims: Sequence[int] | int | None) -> NestedTensor:
+    """``from_padded(padded, lengths)`` inside a compiled graph: lengths are runtime data, so
+    the row count and the envelope are new sizes (:mod:`padless.tensor.traced`); a length
+    past ``padded``'s extent fails at run time (``torch._assert_async``)."""
+    from padless.tensor.construct import _norm_dims
+
+    what = "NestedTensor.from_padded"
+    if lengths.is_floating_point() or lengths.dtype == torch.bool:
+        raise TypeError(f"{what}: lengths must be integers, got {lengths.dtype}")
+    lens = lengths.to(torch.int64)
+    lens = lens[:, None] if lens.dim() == 1 else lens
+    ndim = padded.dim() - 1
+    if lens.dim() != 2 or ndim < 1:
+        raise StructureError(f"{what}: lengths must be (B,) or (B, R), got shape {tuple(lengths.shape)}")
+    ragged = tuple(range(lens.shape[1])) if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
+    if len(ragged) != lens.shape[1]:
+        raise StructureError(f"{what}: lengths has {lens.shape[1]} column(s) but ragged_dims={ragged} names {len(ragged)} dim(s)")
+    return _pack_lengths_graph(padded, lens, ragged)
+
+
+def _pack_lengths(padded: Tensor, lens: Tensor, ragged: tuple[int, ...]) -> NestedTensor:
+    from padless.tensor.traced import masked_rows, traced_max
+
+    b, ndim = padded.shape[0], padded.dim() - 1
+    dev = padded.device
+    lens = lens.to(dev)
+    cols = [torch.full((b,), padded.shape[d + 1], dtype=torch.int64, device=dev) for d in range(ndim)]
+    for j, d in enumerate(ragged):
+        cols[d] = lens[:, j]
+    sizes = torch.stack(cols, 1)
+    extents = torch.stack([torch.full((b,), padded.shape[d + 1], dtype=torch.int64, device=dev) for d in ragged], 1)
+    torch._assert_async(
+        ((lens >= 0) & (lens <= extents)).all(),
+        "NestedTensor.from_padded: a length is negative or exceeds padded's extent along its ragged dim",
+    )
+    order = layout.storage_order(ndim, ragged)
+    valid = torch.ones((b,) + (1,) * len(ragged), dtype=torch.bool, device=dev)
+    for j, d in enumerate(ragged):  # storage order of the ragged dims: ``ragged`` is sorted
+        shape = [b] + [1] * len(ragged)
+        shape[j + 1] = padded.shape[d + 1]
+        ar = torch.arange(padded.shape[d + 1], device=dev).view([1] + shape[1:])
+        valid = valid & (ar < lens[:, j].view([b] + [1] * len(ragged)))
+    static = [padded.shape[d + 1] for d in order[len(ragged):]]
+    grid = padded.permute(0, *[d + 1 for d in order]).reshape(-1, *static)
+    values = grid.index_select(0, masked_rows(valid))
+    offsets = layout.offsets_from_counts(layout.row_counts(sizes, ragged))
+    meta = StructureMeta()
+    env = list(padded.shape[1:])
+    for d in ragged:
+        env[d] = traced_max(sizes[:, d], meta, d)
+    return nested_from_values(values, offsets, sizes, ragged, env, meta)
+
+
+# Graph nodes of their own under Dynamo (built NestedTensors are not Dynamo-traceable objects);
+# AOTAutograd traces through them. torch._dynamo is already loaded by padless.tensor.core.
+_pack_like_graph = torch._dynamo.allow_in_graph(_pack_like)
+_pack_lengths_graph = torch._dynamo.allow_in_graph(_pack_lengths)
