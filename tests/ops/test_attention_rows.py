@@ -165,6 +165,23 @@ def test_pair_layout_causal_and_grouped_heads_match_dense_sdpa(kw):
     check_samples(f, ref, [q, k, v])
 
 
+def test_row_attention_bfloat16_matches_dense_sdpa_per_sample():
+    lens = [3, 1, 4]  # torch's SDPA leaves an empty sample's mask without .grad; fp32 tests cover N = 0
+    q, k = leaves([(n, n, H, E) for n in lens], 1, (0, 1), torch.bfloat16), leaves([(n, n, H, E) for n in lens], 2, (0, 1), torch.bfloat16)
+    b = leaves([(n, n, H) for n in lens], 3, (0, 1), torch.bfloat16)
+
+    def f(q, k, b):
+        return padless.ops.row_attention(q, k, k, bias=b)
+
+    def ref(q, k, b):
+        return F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), k.transpose(1, 2), attn_mask=b.permute(2, 0, 1)[None]
+        ).transpose(1, 2)
+
+    out = check_samples(f, ref, [q, k, b], atol=2e-2, rtol=2e-2)
+    assert out.dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("key_mask", [None, "keys", "pair"])
 @pytest.mark.parametrize("lens", LENS)
 def test_row_attention_bias_and_key_masks(lens, key_mask):
