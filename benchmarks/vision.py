@@ -16,7 +16,12 @@ also gives ``torch.cuda.max_memory_allocated`` above the parameters.
 ``--designs`` also times the spatial-plan layouts on one 3x3 convolution and on the model:
 one shared canvas vs equal tiles with halo vs the per-image loop.
 
-    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs]
+``--compile`` times the train step compiled (``torch.compile(fullgraph=True)``, inductor by
+default): eager padless vs compiled padless (``padless.vision.prepare_for_compile`` per batch)
+vs the padded batch eager and compiled with dynamic shapes, each batch a new size and new
+image sizes; it reports the first call (compile) time and the graphs compiled over the run.
+
+    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile]
 """
 
 from __future__ import annotations
@@ -212,6 +217,77 @@ def design_table(args: argparse.Namespace) -> None:
     print_table(rows, f"spatial plan layouts, {args.rounds} batches, {dev}, threads {torch.get_num_threads()}, load {os.getloadavg()[0]:.1f}", "per-image loop")
 
 
+def compile_table(args: argparse.Namespace) -> None:
+    """Train step (forward, cross-entropy, backward) eager vs compiled, padless vs padded."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from padless.vision import prepare_for_compile
+
+    dev = args.device
+    torch.manual_seed(0)
+    model = ResNetish(widths=tuple(args.widths), classes=10).to(dev).train()
+    counters = {n: CompileCounterWithBackend(args.backend) for n in ("padless", "padded")}
+    compiled = {
+        "padless": torch.compile(model, backend=counters["padless"], fullgraph=True),
+        "padded": torch.compile(model, backend=counters["padded"], fullgraph=True, dynamic=True),
+    }
+
+    def step(m: Callable, x, labels: torch.Tensor) -> None:
+        F.cross_entropy(m(x), labels).backward()
+
+    def padded(imgs: list[torch.Tensor]) -> torch.Tensor:
+        x = imgs[0].new_zeros(len(imgs), imgs[0].shape[0], max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs))
+        for k, im in enumerate(imgs):
+            x[k, :, : im.shape[1], : im.shape[2]] = im
+        return x
+
+    runs = {
+        "padded eager": lambda imgs, y: step(model, padded(imgs), y),
+        "padded compiled": lambda imgs, y: step(compiled["padded"], padded(imgs), y),
+        "padless eager": lambda imgs, y: step(model, padless.from_list(imgs), y),
+        "padless compiled": lambda imgs, y: step(compiled["padless"], prepare_for_compile(padless.from_list(imgs)), y),
+    }
+    rng = random.Random(0)
+    first: dict[str, float] = {}
+    times: dict[str, list[float]] = {}
+    ratios: dict[str, list[float]] = {}
+    sizes_seen = []
+    for r in range(args.rounds + 2):  # two warm-up batches: compile, then the one dynamic recompile
+        b = rng.randint(max(2, BATCH // 2), BATCH * 3 // 2)
+        sizes = random_image_sizes(rng, b, LO, HI)
+        sizes_seen.append(sum(h * w for h, w in sizes) / (b * max(h for h, _ in sizes) * max(w for _, w in sizes)))
+        imgs = [torch.randn(3, h, w, device=dev) for h, w in sizes]
+        labels = torch.randint(0, 10, (b,), device=dev)
+        names = list(runs)[r % len(runs):] + list(runs)[: r % len(runs)]
+        t: dict[str, float] = {}
+        for n in names:
+            model.zero_grad(set_to_none=True)
+            _sync(dev)
+            t0 = CLOCK()
+            runs[n](imgs, labels)
+            _sync(dev)
+            t[n] = CLOCK() - t0
+        if r < 2:
+            for n, v in t.items():
+                first[n] = first.get(n, 0.0) + v
+            continue
+        for n in t:
+            times.setdefault(n, []).append(t[n])
+            ratios.setdefault(n, []).append(t["padless eager"] / t[n])
+    rows = []
+    for n in times:
+        row = Row(f"resnet train step b={BATCH // 2}..{BATCH * 3 // 2}", n, statistics.median(times[n]) * 1e6, statistics.median(ratios[n]))
+        if n.endswith("compiled"):
+            c = counters[n.split()[0]]
+            row.note = f"first two calls {first[n]:.1f} s (compile); {c.frame_count} graphs over {args.rounds + 2} batches"
+        rows.append(row)
+    load = os.getloadavg()
+    title = (f"vision compile: ResNet-style (widths {tuple(args.widths)}) train step, sides U[{LO}, {HI}], occupancy "
+             f"{statistics.mean(sizes_seen):.2f}, {args.rounds} timed batches, {args.backend}, {dev}, threads "
+             f"{torch.get_num_threads()}, {CLOCK.__name__}, load {load[0]:.1f}")
+    print_table(rows, title, "padless eager")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -220,10 +296,15 @@ def main() -> None:
     p.add_argument("--widths", type=int, nargs="+", default=[64, 128, 256, 512], help="stage widths (ResNet-18 widths by default)")
     p.add_argument("--designs", action="store_true", help="also compare the spatial-plan layouts")
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or CPU time of this process")
+    p.add_argument("--compile", action="store_true", help="only the compiled train step table (eager vs compiled)")
+    p.add_argument("--backend", default="inductor", help="torch.compile backend of --compile")
     args = p.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
+    if args.compile:
+        compile_table(args)
+        return
     if args.designs:
         design_table(args)
     model_table(args, ("tiles",) if args.designs else ())
