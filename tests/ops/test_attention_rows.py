@@ -119,13 +119,14 @@ def test_static_sequence_heads_masks_and_cross_attention(mask):
 
 def test_static_sequence_matches_torch_njt():
     g = torch.Generator().manual_seed(5)
-    lens = [3, 1, 4]  # NJT cannot hold an empty sample here; padless matches it on the rest
+    lens = [3, 0, 1, 4]
     samples = [[torch.randn(n, H, 3, E, generator=g, dtype=torch.float64) for n in lens] for _ in range(3)]
     njt = [torch.nested.nested_tensor(s, layout=torch.jagged, requires_grad=True) for s in samples]
     pl = [padless.nested.nested_tensor(s, layout=torch.jagged, requires_grad=True) for s in samples]
     o_njt = F.scaled_dot_product_attention(*njt, scale=0.5)
     o_pl = F.scaled_dot_product_attention(*pl, scale=0.5)
     torch.testing.assert_close(o_pl.values(), o_njt.values())
+    assert o_pl.offsets().tolist() == o_njt.offsets().tolist() and o_pl.shape[2:] == o_njt.shape[2:]
     cot = torch.randn(o_njt.values().shape, generator=g, dtype=torch.float64)
     o_njt.values().backward(cot)
     o_pl.values().backward(cot)
