@@ -36,12 +36,22 @@ class KeyedJaggedTensor:
     ``stride_per_key_per_rank=[[2], [1, 2]]`` gives key 0 two bags and key 1 three
     (``stride_per_key() == [2, 3]``, ``stride() == 3``, the largest).
 
+    Construction is lazy, as in TorchRec: the constructor checks types, counts and
+    strides only. What reads host lengths/offsets (lengths >= 0, offsets from 0 and never
+    decreasing, the two agreeing, ``values`` long enough, given per-key lists matching)
+    is checked on first use: ``lengths()``/``offsets()``, the per-key lists, ``sync()``,
+    ``to_dict()``, ``permute``/``split``/``concat``, ``to(device)``, printing; or at once
+    with ``validate()`` (``padless.jagged.validate``). An invalid KJT raises there with
+    the same message, each time it is used. Tensors on a device are trusted, as in TorchRec.
+
     What costs what: ``length_per_key()``/``offset_per_key()`` are host lists. They come
-    free when given, when the KJT was built from host tensors (as ``collate_sparse``
-    does in the DataLoader worker) and after ``to(device)`` of such a KJT; only a KJT
-    built from device tensors without them reads its lengths back once (a device sync;
-    ``from_lengths_sync``/``from_offsets_sync``/``sync()`` make that explicit).
-    ``lengths()``/``offsets()`` derive each other on the device (no sync) and cache.
+    free when given, for a KJT built from host tensors (one min and one per-key sum of the
+    lengths, on first use; ``collate_sparse`` does it in the DataLoader worker) and after
+    ``to(device)`` of such a KJT; only a KJT built from device tensors without them reads
+    its lengths back once (a device sync; ``from_lengths_sync``/``from_offsets_sync``/
+    ``sync()`` make that explicit). The host bag offsets are one numpy cumsum, made when
+    an op first needs them (``permute``/``split``/``concat`` of host KJTs leave them to
+    that). ``lengths()``/``offsets()`` derive each other without a sync and cache.
     """
 
     __slots__ = (

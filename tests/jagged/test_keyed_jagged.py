@@ -241,3 +241,22 @@ def test_cuda_pin_move_record_stream():
     assert g.length_per_key() == [3, 5, 1]
     assert _dense(g) == _dense(_kjt())
     assert _dense(g.permute([2, 0, 1])) == _dense(_kjt().permute([2, 0, 1]))
+
+
+@pytest.mark.parametrize("lengths_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("variable", [False, True])
+def test_deferred_host_offsets_agree_with_offsets(lengths_dtype, variable):
+    # permute/split/concat of host KJTs leave the bag offsets to one cumsum on first need
+    g = torch.Generator().manual_seed(0)
+    spkpr = [[3], [2, 2], [0], [5]] if variable else None
+    n = 12  # 3 + 4 + 0 + 5 bags, or 4 keys x 3
+    lengths = torch.randint(0, 4, (n,), generator=g, dtype=lengths_dtype)
+    kw = dict(stride_per_key_per_rank=spkpr) if variable else dict(stride=3)
+    kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c", "d"], torch.arange(int(lengths.sum())), lengths, **kw)
+    made = [kjt, kjt.permute([3, 0, 2]), *kjt.split([1, 3]), KeyedJaggedTensor.concat(kjt.split([2, 2]))]
+    for k in made:
+        ref = torch.cat([torch.zeros(1, dtype=torch.int64), k.lengths().long().cumsum(0)])
+        assert k.offsets().dtype == lengths_dtype and k.offsets().tolist() == ref.tolist()
+        assert k.host_offsets().tolist() == ref.tolist()
+        assert k.offset_per_key() == ref[k.lengths_offset_per_key()].tolist()
+        assert _dense(k) == {key: _dense(kjt)[key] for key in k.keys()}
