@@ -44,9 +44,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops import dims
-from padless.ops.attention_rows_compiled import ragged_sdpa, sample_rows, sample_sdpa
+from padless.ops.attention_rows_compiled import dense_sample, ragged_sdpa, sample_sdpa
 from padless.tensor.autograd import rewrap, values_of
-from padless.tensor.convert import unbind_samples
 from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
 
@@ -243,6 +242,51 @@ def _per_sample_layout(op, q, k, v, attn_mask, keep, dropout_p, is_causal, scale
     return rewrap(_eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa), q)
 
 
+class _SampleViews(torch.autograd.Function):
+    """Every sample of a packed buffer as a dense view (sample dim order). The backward writes
+    each sample's gradient into one buffer, one copy per sample (a split's backward would copy
+    twice: the permuted gradient is made contiguous, then concatenated); O(T) either way."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, offsets: list[int], shapes: list[list[int]], order: tuple[int, ...]):  # type: ignore[override]
+        ctx.meta = (values.shape, offsets, shapes, order)
+        return tuple(dense_sample(values[offsets[i]:offsets[i + 1]], s, order) for i, s in enumerate(shapes))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None):  # type: ignore[override]
+        shape, offsets, shapes, order = ctx.meta
+        like = next((g for g in grads if g is not None), None)
+        if like is None:
+            return None, None, None, None
+        buf = like.new_empty(shape)
+        for i, (g, s) in enumerate(zip(grads, shapes)):
+            view = dense_sample(buf[offsets[i]:offsets[i + 1]], s, order)
+            if g is None:
+                view.zero_()
+            else:
+                view.copy_(g)
+        return buf, None, None, None
+
+
+class _PackRows(torch.autograd.Function):
+    """Dense output samples written once into the packed rows of the query's layout; the
+    backward hands each sample a view of the gradient rows (no copy)."""
+
+    @staticmethod
+    def forward(ctx, shape: tuple[int, ...], offsets: list[int], order: tuple[int, ...], *samples: Tensor):  # type: ignore[override]
+        out = samples[0].new_empty(shape)
+        for i, s in enumerate(samples):
+            dense_sample(out[offsets[i]:offsets[i + 1]], s.shape, order).copy_(s)
+        ctx.meta = (offsets, order, [s.shape for s in samples])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        offsets, order, shapes = ctx.meta
+        views = [dense_sample(grad[offsets[i]:offsets[i + 1]], s, order) for i, s in enumerate(shapes)]
+        return (None, None, None, *views)
+
+
 def _eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
     """One SDPA call per sample on views of its rows (rows of a pair sample are its batch)."""
     cache: dict[int, tuple[Tensor, ...]] = {}
@@ -250,23 +294,25 @@ def _eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa) ->
     def samples(t):
         if t is None:
             return None
-        if id(t) not in cache:  # q is k is v (self-attention): one split, one gradient buffer
-            cache[id(t)] = unbind_samples(t)
+        if id(t) not in cache:  # q is k is v (self-attention): one set of views, one gradient buffer
+            cache[id(t)] = _SampleViews.apply(
+                values_of(t), t.host_offsets().tolist(), t.host_sizes().tolist(), t.storage_order
+            )
         return cache[id(t)]
 
     qs, ks, vs, ms, kp = samples(q), samples(k), samples(v), samples(attn_mask), samples(keep)
-    order, n_ragged = q.storage_order, len(q._ragged)
-    outs = []
-    for i in range(q.batch_size):
-        oi = sample_sdpa(
+    outs = [
+        sample_sdpa(
             qs[i], ks[i], vs[i], None if ms is None else ms[i], None if kp is None else kp[i],
             dropout_p, is_causal, scale, enable_gqa,
         )
-        outs.append(sample_rows(oi, order, n_ragged))
+        for i in range(q.batch_size)
+    ]
+    qv = q._values
+    shape = (qv.shape[0], *qv.shape[1:-1], v._values.shape[-1])
     if not outs:
-        qv = q._values
-        return qv.new_empty((0, *qv.shape[1:-1], v._values.shape[-1]))
-    return torch.cat(outs)
+        return qv.new_empty(shape)
+    return _PackRows.apply(shape, q.host_offsets().tolist(), q.storage_order, *outs)
 
 
 def _traced(q, k, v, attn_mask, keep, is_causal, scale, enable_gqa) -> Tensor:
