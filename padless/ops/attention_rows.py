@@ -27,12 +27,16 @@ is a per-sample ``attn_mask`` broadcast over the rows::
 
 :func:`row_attention` does exactly this, adds a key mask, and checks the shapes.
 Eagerly each sample is one SDPA call on a view of its rows (rows ``a`` batched, torch's
-fused CPU kernel with a 4-D mask), taken from one ``split`` of every buffer (an O(T)
-backward, no per-sample slice of the buffer). Under ``torch.compile`` the loop runs in
-the custom op :func:`padless.ops.attention_rows_compiled.ragged_sdpa` (fullgraph; the
-row count ``sum N_i**2`` stays symbolic when the pair state comes from a batch given
-to :func:`padless.prepare_for_compile`). Not under compile: dropout, ``mask_mod`` /
-``score_mod`` (use the sequence layout for those).
+fused CPU kernel with a 4-D mask when no mask gradient is needed, else torch's math path).
+The views come from one autograd node per buffer whose backward writes every sample's
+gradient once (O(T), no per-sample slice node), and the outputs are packed with one copy.
+Measured against a hand-written loop over separately stored dense samples this costs one
+transposing copy per tensor each way (``benchmarks/row_attention.py``). Under
+``torch.compile`` the loop runs in the custom op
+:func:`padless.ops.attention_rows_compiled.ragged_sdpa` (fullgraph; the row count
+``sum N_i**2`` stays symbolic when the pair state comes from a batch given to
+:func:`padless.prepare_for_compile`). Not under compile: dropout. Not here at all:
+``mask_mod`` / ``score_mod`` (use the sequence layout for those).
 """
 
 from __future__ import annotations
