@@ -124,7 +124,7 @@ def test_native_cnn_classifier_and_segmenter_train_in_one_graph(backend):
     def step(x):
         return cls(x), seg(x)
 
-    batches = [(_sizes(i, b, 9, 40), i) for i, b in enumerate(BATCHES)]
+    batches = [(_sizes(i, b, 8, 28), i) for i, b in enumerate(BATCHES)]
     bufs = lambda: [b for n, b in mods.named_buffers() if "running" in n]  # noqa: E731
     _check_against_eager(step, list(mods.parameters()), batches, prepare=prepare_for_compile, backend=backend,
                          dtype=torch.float64, atol=1e-9, rtol=1e-9, buffers=bufs)
@@ -152,7 +152,7 @@ def test_conv2d_strides_paddings_dilations_groups_in_one_graph():
     def prepare(x):
         return prepare_for_compile(x, strides=(2, 3, (1, 2)), levels=(AxisMap(1, -2, 1), AxisMap(1, 0, 4)))
 
-    batches = [(_sizes(i, b, 4, 23), i) for i, b in enumerate(BATCHES)]
+    batches = [(_sizes(i, b, 4, 16), i) for i, b in enumerate(BATCHES)]
     _check_against_eager(f, list(convs.parameters()), batches, prepare=prepare, channels=4, dtype=torch.float64,
                          atol=1e-9, rtol=1e-9)
 
@@ -190,7 +190,7 @@ def test_pooling_norms_and_resampling_in_one_graph():
     def prepare(x):
         return prepare_for_compile(x, strides=(2,), levels=(AxisMap(1, 0, 2), AxisMap(1, 2, 2)))
 
-    batches = [(_sizes(i, b, 2, 21), i) for i, b in enumerate(BATCHES)]
+    batches = [(_sizes(i, b, 2, 15), i) for i, b in enumerate(BATCHES)]
     bufs = lambda: [bn_train.running_mean, bn_train.running_var]  # noqa: E731
     _check_against_eager(f, list(mods.parameters()), batches, prepare=prepare, dtype=torch.float64,
                          atol=1e-9, rtol=1e-9, buffers=bufs)
