@@ -94,24 +94,24 @@ def from_jt_dict(
     weighted = [jt.weights_or_none() is not None for jt in jts]
     if any(weighted) and not all(weighted):
         raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
-    lens = []
+    lens, vals, ws, strides = [], [], [], []
     for jt in jts:
         if jt._unchecked:  # built lazily by the caller: its deferred checks run now
             jt._host()
-        ln = jt.lengths()
-        lens.append(ln if ln.dim() == 1 else ln.reshape(-1))
-    strides = [ln.numel() for ln in lens]
+        ln = jt._lengths if jt._lengths is not None else jt.lengths()
+        ln = ln if ln.dim() == 1 else ln.reshape(-1)
+        lens.append(ln)
+        strides.append(ln.shape[0])
+        vals.append(jt._values)
+        ws.append(jt._weights)
     lengths = torch.cat(lens)
     # one pass over all keys' lengths gives the bag offsets and the rows each key uses
     host, ends = _bag_offsets(lengths, strides, [jt._host_offsets for jt in jts])
-    vals = [jt._values for jt in jts]
-    if ends is not None:
-        vals = [C.used(v, e) for v, e in zip(vals, ends)]  # type: ignore[misc]
+    if ends is not None and any(v.shape[0] != e for v, e in zip(vals, ends)):
+        vals = [C.used(v, e) for v, e in zip(vals, ends)]  # type: ignore[misc]  # drop unused tails
+        ws = [C.used(w, e) for w, e in zip(ws, ends)]  # type: ignore[misc]
     values = torch.cat(vals)
-    weights = None
-    if weighted[0]:
-        ws = [jt._weights for jt in jts]
-        weights = torch.cat(ws if ends is None else [C.used(w, e) for w, e in zip(ws, ends)])  # type: ignore[misc]
+    weights = torch.cat(ws) if weighted[0] else None  # type: ignore[arg-type]
     variable = force_variable_stride or strides.count(strides[0]) != len(strides)
     spkpr = [[s] for s in strides] if variable else None
     stride = max(strides) if variable else strides[0]
