@@ -198,20 +198,20 @@ class KeyedJaggedTensor:
         structure raises here, every time it is asked."""
         if self._pending is not None:
             self._check()
-            if self._pending is C.CHECKED:  # checked host lengths: the offsets are one cumsum
+            if self._pending == C.CHECKED:  # checked host lengths: the offsets are one cumsum
                 self._host_offsets = C.cumsum_host(self._lengths)  # type: ignore[arg-type]
                 self._pending = None
         return self._host_offsets
 
     def _unchecked(self) -> bool:
-        return self._pending is not None and self._pending is not C.CHECKED
+        return self._pending is not None and self._pending != C.CHECKED
 
     def _check(self) -> None:
         """The structure checks construction defers; fills ``length_per_key``/``offset_per_key``.
         Host lengths alone (the common case) take one min and one per-key sum, leaving the
         bag offsets' cumsum to the first op that needs them."""
         blame = self._pending
-        if blame is None or blame is C.CHECKED:
+        if blame is None or blame == C.CHECKED:
             return
         what = "KeyedJaggedTensor"
         lengths, offsets = self._lengths, self._offsets

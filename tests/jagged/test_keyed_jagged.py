@@ -1,3 +1,5 @@
+import pickle
+
 import pytest
 import torch
 
@@ -254,6 +256,7 @@ def test_deferred_host_offsets_agree_with_offsets(lengths_dtype, variable):
     kw = dict(stride_per_key_per_rank=spkpr) if variable else dict(stride=3)
     kjt = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c", "d"], torch.arange(int(lengths.sum())), lengths, **kw)
     made = [kjt, kjt.permute([3, 0, 2]), *kjt.split([1, 3]), KeyedJaggedTensor.concat(kjt.split([2, 2]))]
+    made += [pickle.loads(pickle.dumps(k)) for k in made]  # as DataLoader workers send them
     for k in made:
         ref = torch.cat([torch.zeros(1, dtype=torch.int64), k.lengths().long().cumsum(0)])
         assert k.offsets().dtype == lengths_dtype and k.offsets().tolist() == ref.tolist()
