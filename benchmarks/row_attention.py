@@ -7,7 +7,8 @@ Pair samples ``(N_i, N_i, H, E)`` (H=4, E=32), N_i ~ U[lo, hi], a learnable pair
 in one run (interleaved rounds, medians of per-round ratios, see ``padless.testing.bench``):
 
 * padless: ``padless.ops.row_attention(q, k, v, bias=b)`` on NestedTensors (one SDPA
-  call per sample on views of its rows, gradients into q, k, v and the bias);
+  call per sample on views of its rows, gradients into q, k, v and the bias; forward
+  only under ``no_grad``, where torch's fused CPU kernel takes the 4-D bias);
 * per-sample loop: the same SDPA calls on separately stored dense samples (hand written,
   no packing: the floor padless' bookkeeping is measured against);
 * padded + mask: the padded batch ``(B, N, H, N, E)`` with the bias set to -inf at padded
@@ -70,11 +71,40 @@ def cases(b: int, lo: int, hi: int, h: int, e: int, rounds: int) -> list[bench.R
         o = F.scaled_dot_product_attention(pq.transpose(2, 3), pk.transpose(2, 3), pv.transpose(2, 3), attn_mask=m)
         (o.transpose(2, 3) * out_mask).sum().backward()
 
-    impls = {"padded + mask": run_padded, "padless row_attention": run_padless, "per-sample loop (dense)": run_loop}
-    res = bench.interleaved(impls, baseline="padded + mask", rounds=rounds, warmup=1)
+    def forward_only(fn):
+        def run() -> None:
+            with torch.no_grad():
+                fn()
+
+        return run
+
+    def fwd_padless() -> None:
+        padless.ops.row_attention(q, k, v, bias=bias)
+
+    def fwd_loop() -> None:
+        for qi, ki, vi, bi in zip(qs, ks, vs, bs):
+            F.scaled_dot_product_attention(
+                qi.transpose(1, 2), ki.transpose(1, 2), vi.transpose(1, 2), attn_mask=bi.permute(2, 0, 1)[None]
+            )
+
+    def fwd_padded() -> None:
+        m = pb.permute(0, 3, 1, 2)[:, None] + key_pad
+        F.scaled_dot_product_attention(pq.transpose(2, 3), pk.transpose(2, 3), pv.transpose(2, 3), attn_mask=m)
+
     cube = sum(m ** 3 for m in n) / (b * nmax ** 3)
     case = f"B={b}, N U[{lo}, {hi}] (sum N^2={sum(m * m for m in n)}, score occupancy {cube:.2f})"
-    return bench.rows_from(case, res, {"padless row_attention": "grads into q, k, v, bias"})
+    rows = []
+    for what, impls in (
+        ("fwd+bwd", {"padded + mask": run_padded, "padless row_attention": run_padless, "per-sample loop (dense)": run_loop}),
+        ("forward, no_grad", {
+            "padded + mask": forward_only(fwd_padded),
+            "padless row_attention": forward_only(fwd_padless),
+            "per-sample loop (dense)": forward_only(fwd_loop),
+        }),
+    ):
+        res = bench.interleaved(impls, baseline="padded + mask", rounds=rounds, warmup=1)
+        rows += bench.rows_from(f"{what}, {case}", res, {"padless row_attention": "grads into q, k, v, bias" if what == "fwd+bwd" else ""})
+    return rows
 
 
 def main() -> None:
@@ -91,7 +121,7 @@ def main() -> None:
     load0 = os.getloadavg()[0]
     rows = cases(args.batch, args.lo, args.hi, 4, 32, args.rounds)
     print(
-        f"H=4, E=32, forward + backward, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"H=4, E=32, {torch.get_num_threads()} threads, torch {torch.__version__}, "
         f"load average {load0:.1f} at start, {os.getloadavg()[0]:.1f} at end"
     )
     bench.print_table(rows, "Row attention over pair states (pair bias)", "padded + mask")
