@@ -1,14 +1,19 @@
 """torch.compile on variable-size batches: eager padless vs compiled padless vs compiled padded.
 
-    python benchmarks/compile.py [--models pair,encoder] [--backend inductor] [--batches 8]
+    python benchmarks/compile.py [--models pair,triangle,encoder] [--backend inductor] [--batches 8]
                                  [--repeats 3] [--threads 2]
 
-Two models, forward + backward, on batches whose size and lengths change every step:
+Three models, forward + backward, on batches whose size and lengths change every step:
 
 * the pair block ``p = u(x)[:, :, None] + v(x)[:, None]; p = p + mlp(ln(p));
   x + g(p.mean(dim=2))`` (C=32, pair channels 16, MLP 4x), batches of B in 2..16 with
-  lengths U[8, 48]; padless inputs are made ready with ``padless.prepare_for_compile``;
-  the padded twin masks the pair mean;
+  lengths U[8, 48]; padless inputs are plain ``padless.from_list`` batches (no preparation
+  step: the pair row count is carried into the graph automatically); the padded twin masks
+  the pair mean;
+* a triangle-multiplication block on the same batches: ``z`` as above, gated projections
+  ``a, b``, ``einsum("bikc,bjkc->bijc", a, b) + einsum("bkic,bkjc->bijc", a, b)``, a layer
+  norm, and ``x + o(z.mean(dim=2))``; the padded twin zeroes padded pair rows before the
+  products and masks the mean;
 * ``nn.TransformerEncoderLayer(64, 4, 256, dropout=0, batch_first=True)``, B in 2..16,
   lengths U[16, 128]; the padded twin passes ``src_key_padding_mask``.
 
@@ -33,6 +38,34 @@ import torch.nn as nn
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import padless
+
+
+class TriangleBlock(nn.Module):
+    def __init__(self, c: int = 32, p: int = 16) -> None:
+        super().__init__()
+        self.u, self.v, self.o = nn.Linear(c, p), nn.Linear(c, p), nn.Linear(p, c)
+        self.a, self.b, self.ga = nn.Linear(p, p), nn.Linear(p, p), nn.Linear(p, p)
+        self.ln = nn.LayerNorm(p)
+
+    def forward(self, x):
+        z = self.u(x).unsqueeze(2) + self.v(x).unsqueeze(1)
+        a, b = self.a(z) * torch.sigmoid(self.ga(z)), self.b(z)
+        t = torch.einsum("bikc,bjkc->bijc", a, b) + torch.einsum("bkic,bkjc->bijc", a, b)
+        z = z + self.ln(t)
+        return x + self.o(z.mean(dim=2))
+
+
+def triangle_padded(block: TriangleBlock, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The triangle block on a padded ``(B, L, C)`` batch; padded pair rows are zeroed before
+    the products (so they add nothing) and left out of the mean."""
+    m = mask.to(x.dtype)
+    pm = (m[:, :, None] * m[:, None, :])[..., None]
+    z = block.u(x).unsqueeze(2) + block.v(x).unsqueeze(1)
+    a, b = block.a(z) * torch.sigmoid(block.ga(z)) * pm, block.b(z) * pm
+    t = torch.einsum("bikc,bjkc->bijc", a, b) + torch.einsum("bkic,bkjc->bijc", a, b)
+    z = z + block.ln(t)
+    mean = (z * m[:, None, :, None]).sum(2) / m.sum(1).clamp_min(1)[:, None, None]
+    return (x + block.o(mean)) * m[..., None]
 
 
 class PairBlock(nn.Module):
@@ -60,7 +93,7 @@ def pair_padded(block: PairBlock, x: torch.Tensor, mask: torch.Tensor) -> torch.
 def batches(model: str, n: int, seed: int = 0) -> list[list[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     sizes = [4, 2, 7, 16, 3, 9, 12, 5, 8, 6][:n]
-    lo, hi, c = (8, 48, 32) if model == "pair" else (16, 128, 64)
+    lo, hi, c = (8, 48, 32) if model in ("pair", "triangle") else (16, 128, 64)
     return [[torch.randn(int(l), c, generator=g) for l in torch.randint(lo, hi + 1, (b,), generator=g)] for b in sizes]
 
 
@@ -70,6 +103,9 @@ def make(model: str, backend: str):
     if model == "pair":
         net = PairBlock()
         padded_fn = lambda x, m: pair_padded(net, x, m)  # noqa: E731
+    elif model == "triangle":
+        net = TriangleBlock()
+        padded_fn = lambda x, m: triangle_padded(net, x, m)  # noqa: E731
     else:
         net = nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
         padded_fn = lambda x, m: net(x, src_key_padding_mask=~m) * m[..., None]  # noqa: E731
@@ -78,8 +114,7 @@ def make(model: str, backend: str):
     compiled_pad = torch.compile(padded_fn, backend=c_pad, dynamic=True)
 
     def nt_input(samples):
-        x = padless.from_list(samples, requires_grad=True)
-        return padless.prepare_for_compile(x) if model == "pair" else x
+        return padless.from_list(samples, requires_grad=True)
 
     def run_nt(fn):
         def step(samples):
@@ -105,7 +140,7 @@ def timed(fn, *args) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--models", default="pair,encoder")
+    ap.add_argument("--models", default="pair,triangle,encoder")
     ap.add_argument("--backend", default="inductor")
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)

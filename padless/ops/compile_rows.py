@@ -32,9 +32,14 @@ reading them would be a data-dependent ``.item()`` (a graph break, or an error w
   then has ``sum N_i`` groups, the row count of the source batch, so
   ``x + g(p.mean(dim=2))`` adds tensors of one symbolic length.
 
+* A pair state met with one of its operands (``p * x.unsqueeze(1)``, and every backward
+  of a pair product) gathers the operand through the same maps (:func:`_traced_onto_pair`).
+
 Both operands of a pair must carry the *same* carrier object (they come from one batch, or
 from two batches prepared together); otherwise the op keeps its eager path, which reads
-host sizes (a graph break, or an error under ``fullgraph=True``).
+host sizes (a graph break, or an error under ``fullgraph=True``). Batches built from device
+tensors without host sizes get no automatic carriers (that would cost a sync);
+:func:`prepare_for_compile` makes them with one.
 
 Layout of the maps for ``x`` with samples ``(N_i, C)`` (``N = 2, 1``, offsets ``[0, 2, 3]``)::
 
@@ -91,7 +96,7 @@ def auto_carriers(nt: NestedTensor) -> None:
     if len(ragged) == 1:
         if (PAIR_COUNT, dev) not in d:
             n = hs[:, ragged[0]]
-            d[(PAIR_COUNT, dev)] = size_carrier(int((n * n).sum()), dev)
+            d[(PAIR_COUNT, dev)] = size_carrier(int(torch.dot(n, n)), dev)
     elif len(ragged) <= MAX_DROP:
         for k in range(len(ragged)):
             if (DROP_COUNT[k], dev) not in d:
