@@ -93,18 +93,23 @@ def plan_samples(samples: Sequence[Any], path: str, opts: PackOptions = PackOpti
         return tensor_plan(path, samples, None, None, opts)
     if k0 == sk.SEQUENCE and sk.is_number_list(elem):  # tokenizer output: a list of ids is a tensor
         return tensor_plan(path, samples, None, None, opts)
-    if k0 == sk.NUMBER and all(type(x) is type(elem) for x in samples):  # labels: skip the per-sample kinds
-        return TensorPlan(sk.numbers_tensor(samples, path))
-    kinds = [sk.kind(x) for x in samples]
-    if k0 == sk.NONE and sk.TENSOR in kinds:
-        return tensor_plan(path, samples, None, None, opts)
+    t0 = type(elem)
+    if sk.kind_of_type(t0) is not None and all(type(x) is t0 for x in samples):
+        kinds = None  # one type whose kind the type alone decides: every sample is of kind k0
+    else:
+        kinds = [sk.kind(x) for x in samples]
     if k0 == sk.NUMBER:
-        _same_kind(path, samples, kinds)
+        if kinds is not None:
+            _same_kind(path, samples, kinds)
         return TensorPlan(sk.numbers_tensor(samples, path))
+    if k0 == sk.NONE and kinds is not None and sk.TENSOR in kinds:
+        return tensor_plan(path, samples, None, None, opts)
     if k0 in (sk.STRING, sk.OBJECT, sk.NONE):
-        _no_arrays(path, samples, kinds)
+        if kinds is not None:
+            _no_arrays(path, samples, kinds)
         return ObjectPlan(samples)
-    _same_kind(path, samples, kinds)
+    if kinds is not None:
+        _same_kind(path, samples, kinds)
     if k0 == sk.MAPPING:
         return _mapping_plan(path, samples, opts)
     if k0 == sk.DATACLASS:
@@ -141,7 +146,8 @@ def tensor_plan(
         check_static(path, ts, ragged, sizes)
     if not ragged:
         return StackPlan(ts, dtype)
-    return RaggedPlan(path, ts, ragged, dtype, opts, sizes)
+    # without a cast, common_dtype has checked that every sample has ``dtype``
+    return RaggedPlan(path, ts, ragged, dtype, opts, sizes, same_dtype=True if cast is None else None)
 
 
 def _same_kind(path: str, samples: Sequence[Any], kinds: list[str]) -> None:

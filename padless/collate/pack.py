@@ -23,7 +23,7 @@ from padless.collate.arena import Arena, Slot
 from padless.collate.opcache import install
 from padless.collate.samples import field_label, fmt_shape, lists_to_tensors, to_tensor
 from padless.tensor import layout
-from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
+from padless.tensor.core import NestedTensor, StructureMeta
 
 
 class FieldPlan:
@@ -128,8 +128,8 @@ def shape_table(path: str, ts: Sequence[Tensor]) -> np.ndarray:
     if len(ranks) != 1:
         check_rank(path, ts)
     nd = ranks.pop()
-    if nd == 1:  # token sequences: no torch.Size per sample
-        return np.fromiter([t.size(0) for t in ts], dtype=np.int64, count=len(ts)).reshape(len(ts), 1)
+    if nd == 1:  # token sequences: a 1-D tensor's numel is its length (the cheapest tensor call)
+        return np.array([t.numel() for t in ts], dtype=np.int64).reshape(len(ts), 1)
     flat = np.fromiter(itertools.chain.from_iterable([t.shape for t in ts]), dtype=np.int64, count=len(ts) * nd)
     return flat.reshape(len(ts), nd)
 
@@ -187,7 +187,10 @@ def check_static(path: str, ts: Sequence[Tensor], ragged: Sequence[int], sizes: 
 
 def differing_dims(sizes: np.ndarray) -> tuple[int, ...]:
     """The sample dims whose extent differs between samples (inferred ragged dims)."""
-    return tuple(int(d) for d in np.flatnonzero((sizes != sizes[:1]).any(0)))
+    if sizes.shape[0] == 0:
+        return ()
+    lo, hi = sizes.min(0).tolist(), sizes.max(0).tolist()  # two reductions: no per-dim numpy calls
+    return tuple(d for d in range(len(lo)) if lo[d] != hi[d])
 
 
 def rows_of(t: Tensor, order: tuple[int, ...], n_ragged: int, static: Sequence[int]) -> Tensor | None:
@@ -278,7 +281,8 @@ class RaggedPlan(FieldPlan):
     """Samples of differing shapes packed into a NestedTensor, with their :class:`FieldMeta`.
 
     ``ragged`` are sample dims (sorted); rows enumerate them in that order. ``sizes`` is the
-    samples' ``(B, D)`` shape table when the caller has it (from :func:`shape_table`).
+    samples' ``(B, D)`` shape table when the caller has it (from :func:`shape_table`), and
+    ``same_dtype`` whether every sample already has ``dtype`` (checked here when not given).
     Host metadata is computed with numpy: a handful of microseconds per field.
     """
 
@@ -290,6 +294,7 @@ class RaggedPlan(FieldPlan):
         dtype: torch.dtype,
         opts: PackOptions,
         sizes: np.ndarray | None = None,
+        same_dtype: bool | None = None,
     ):
         self.path, self.ts, self.ragged, self.dtype = path, ts, ragged, dtype
         if sizes is None:
@@ -313,7 +318,9 @@ class RaggedPlan(FieldPlan):
         self.total = int(offsets[-1])
         self.pad_rows = self.total - int(offsets[len(ts)]) if opts.pad_to_multiple is not None else 0
         self.real_rows = self.total - self.pad_rows
-        self.same_dtype = ts[0].dtype == dtype and len({t.dtype for t in ts}) == 1
+        if same_dtype is None:
+            same_dtype = ts[0].dtype == dtype and len({t.dtype for t in ts}) == 1
+        self.same_dtype = same_dtype
         maxes = sizes.max(0) if n else np.zeros(ndim, dtype=np.int64)
         self.env = [int(maxes[d]) if d in ragged else int(sizes[0, d]) for d in range(ndim)]
         parts = md.partitions(self.host_sizes, ragged) if len(ragged) > 1 else (self.host_offsets,)
@@ -362,7 +369,7 @@ class RaggedPlan(FieldPlan):
             p.build(arena)
             swap = {id(self.host_offsets): off, id(self.host_sizes): sizes, id(m.cu_seqlens): cu}
             fm = md.map_tensors(m, lambda t, host: swap.get(id(t)) if id(t) in swap else p.get(t))
-        nt = mark_dynamic(NestedTensor(values, off, sizes, self.ragged, self.env, StructureMeta(sizes, off)))
+        nt = NestedTensor(values, off, sizes, self.ragged, self.env, StructureMeta(sizes, off))  # marked dynamic there
         install(nt, fm)
         return nt
 

@@ -64,6 +64,12 @@ def kind(x: Any) -> str:
     return k
 
 
+def kind_of_type(t: type) -> str | None:
+    """The kind every value of type ``t`` has, or None when it depends on the value (numpy arrays
+    and scalars: their dtype) or the type was not seen yet (cheap: two dict lookups)."""
+    return _EXACT.get(t) or _BY_TYPE.get(t)
+
+
 def _kind_of_type(x: Any) -> str:
     """The kind of a value whose type alone decides it (everything but numpy values)."""
     if isinstance(x, Tensor):
