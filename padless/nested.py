@@ -12,6 +12,11 @@ Differences worth knowing:
 * ``narrow`` with per-sample starts copies the selected rows into a packed buffer
   (torch's jagged layout keeps a strided view with holes). Values are equal; the
   result is contiguous.
+* Inside ``torch.compile``, ``nested_tensor_from_jagged(values, offsets or lengths)`` and
+  ``as_nested_tensor(dense)`` build the NestedTensor in the graph (as NJT does). The
+  padded extent of the ragged dim is ``max_seqlen`` when given, else the real maximum,
+  read as an unbacked size: that needs
+  ``torch._dynamo.config.capture_scalar_outputs = True`` (NJT needs it too).
 """
 
 from __future__ import annotations
@@ -22,10 +27,16 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout as _layout
+from padless.tensor.autograd import nested_from_values
 from padless.tensor.construct import from_list, from_values, require_integer
 from padless.tensor.convert import to_padded
-from padless.tensor.core import NestedTensor
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, register_carried
 from padless.tensor.errors import StructureError
+
+#: Carried in graphs built by :func:`_from_jagged_traced`: a stride-0 ``(max_seqlen,)``
+#: tensor whose length is the ragged envelope, so the unbacked size read in the graph is
+#: the size of an inner tensor of the result (what torch.compile needs of a returned size).
+SEQLEN_MAX = register_carried("seqlen_max")
 
 __all__ = [
     "nested_tensor",
@@ -92,6 +103,9 @@ def as_nested_tensor(
         t = ts.to(device=device, dtype=dtype)
         r = 0 if ragged_dims is None else tuple(ragged_dims)[0] % (ts.dim() - 1)
         rows = t.movedim(r + 1, 1).reshape(b * ts.shape[r + 1], *[s for i, s in enumerate(ts.shape[1:]) if i != r])
+        if _traced(ts):
+            offsets = torch.arange(b + 1, device=rows.device, dtype=torch.int64) * ts.shape[r + 1]
+            return _from_jagged_traced(rows, offsets, r, ts.shape[r + 1])
         lengths = torch.full((b,), ts.shape[r + 1], dtype=torch.int64)
         del n0
         return from_values(rows, lengths=lengths, ragged_dims=(r,))
@@ -129,6 +143,17 @@ def nested_tensor_from_jagged(
     if r >= values.dim():
         raise StructureError(f"nested_tensor_from_jagged(): jagged_dim={jagged_dim} is out of range for values of rank {values.dim()}")
     rows = values.movedim(r, 0) if r else values
+    if _traced(values, offsets, lengths):
+        if offsets is not None and lengths is not None:
+            raise NotImplementedError(
+                "nested_tensor_from_jagged(): offsets together with lengths (holes) inside torch.compile; "
+                "build the NestedTensor before the compiled region, or pass only offsets or lengths"
+            )
+        if offsets is None:
+            require_integer(lengths, "lengths", "nested_tensor_from_jagged()")
+            offsets = torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+        require_integer(offsets, "offsets", "nested_tensor_from_jagged()")
+        return _from_jagged_traced(rows, offsets.to(torch.int64), r, max_seqlen)
     if offsets is not None and lengths is not None:
         starts, lengths = _check_holes(rows, offsets, lengths, r)
         new_off = _layout.offsets_from_counts(lengths)
@@ -141,6 +166,38 @@ def nested_tensor_from_jagged(
     if offsets is not None:
         return from_values(rows, offsets, ragged_dims=(r,), max_seqlen=max_seqlen)
     return from_values(rows, lengths=lengths, ragged_dims=(r,), max_seqlen=max_seqlen)
+
+
+def _traced(*ts: Tensor | None) -> bool:
+    """Whether a constructor runs inside ``torch.compile`` (or on fake tensors)."""
+    return torch.compiler.is_compiling() or any(isinstance(t, Tensor) and _is_traced(t) for t in ts)
+
+
+@torch._dynamo.allow_in_graph
+def _from_jagged_traced(rows: Tensor, offsets: Tensor, r: int, max_seqlen) -> NestedTensor:
+    """The NestedTensor of ``rows`` split at ``offsets`` (ragged sample dim ``r``), built as
+    one node of a compiled graph: no host metadata, no checks that read data.
+
+    The ragged envelope is ``max_seqlen`` when given, else ``max(lengths)`` read as an
+    unbacked size; it is carried as the length of a stride-0 inner tensor
+    (:data:`SEQLEN_MAX`), so graphs can return the result and ops keep it symbolic.
+    """
+    lengths = offsets[1:] - offsets[:-1]
+    b = lengths.shape[0]
+    static = list(rows.shape[1:])
+    if max_seqlen is None:
+        m = lengths.max().item() if b else 0
+    else:
+        m = max_seqlen
+    torch._check(m >= 0)
+    cols = [lengths.new_full((b,), s) for s in static]
+    cols.insert(r, lengths)
+    sizes = torch.stack(cols, 1)
+    env = list(static)
+    env.insert(r, m)
+    meta = StructureMeta(None, None)
+    meta.derived[(SEQLEN_MAX, rows.device)] = torch.empty(1, dtype=torch.uint8, device=rows.device).expand(m)
+    return nested_from_values(rows, offsets, sizes, (r,), env, meta)
 
 
 def _check_holes(rows: Tensor, offsets: Tensor, lengths: Tensor, r: int) -> tuple[Tensor, Tensor]:

@@ -289,3 +289,75 @@ def test_index_put_and_unsafe_view_gradients():
         torch.testing.assert_close(g, 2 * s)
     empty = nested.nested_tensor([torch.randn(0)])
     assert [tuple(s.shape) for s in torch.masked_select(empty, empty > 0).unbind()] == [(0,)]
+
+
+# --------------------------------------------------------------- construction inside torch.compile
+
+
+def _where_in_graph(mod):
+    """NJT's own test: build from (values, offsets) in the graph, then torch.where with a scalar
+    on either side."""
+
+    def f(values, offsets):
+        nt = mod.nested_tensor_from_jagged(values, offsets)
+        cond = nt > 0.0
+        return torch.where(cond, 1.0, torch.zeros_like(nt)) * nt + torch.where(cond, torch.ones_like(nt), 0.0)
+
+    return f
+
+
+@pytest.fixture
+def _capture_scalars():
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(capture_scalar_outputs=True, capture_dynamic_output_shape_ops=True):
+        yield
+    torch._dynamo.reset()
+
+
+def test_from_jagged_built_in_compiled_graph_then_where(_capture_scalars):
+    """An NJT built inside a compiled graph followed by ``torch.where`` (issue 14): padless builds
+    one graph over batches of changing size and lengths (an empty sample included); values and
+    gradients equal eager padless sample by sample, and values equal torch's NJT."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    cnt = CompileCounterWithBackend("aot_eager")
+    f_pl = torch.compile(_where_in_graph(nested), backend=cnt, fullgraph=True)
+    g = torch.Generator().manual_seed(3)
+    for k, lengths in enumerate(([2, 3, 2, 3], [4, 0, 5], [1, 6, 2, 3, 2])):
+        offsets = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()])
+        values = torch.randn(int(offsets[-1]), 5, generator=g, requires_grad=True)
+        out = f_pl(values, offsets)
+        assert isinstance(out, padless.NestedTensor) and out.shape[:2] == (len(lengths), max(lengths))
+        ref = _where_in_graph(nested)(values, offsets)
+        _same(out, ref)
+        if k == 0:
+            _same(out, _where_in_graph(torch.nested)(values, offsets))
+        (grad,) = torch.autograd.grad(out.values().sum(), values)
+        (grad_ref,) = torch.autograd.grad(ref.values().sum(), values)
+        torch.testing.assert_close(grad, grad_ref)
+    assert cnt.frame_count <= 2, f"{cnt.frame_count} graphs for 3 batches (dense inputs: static, then dynamic)"
+
+
+def test_from_lengths_jagged_dim_and_max_seqlen_in_compiled_graph(_capture_scalars):
+    """``lengths=``, ``jagged_dim=2`` and a ``max_seqlen`` hint inside a compiled graph give NJT's
+    samples; ``as_nested_tensor`` of a dense batch too."""
+    lengths = torch.tensor([3, 1, 4])
+    values = torch.randn(2, 8, 6)  # jagged_dim=2: the ragged rows are values' dim 1
+
+    def f(mod, v, ln):
+        a = mod.nested_tensor_from_jagged(v, lengths=ln, jagged_dim=2, max_seqlen=4)
+        b = mod.nested_tensor_from_jagged(v.transpose(0, 1).contiguous(), lengths=ln)
+        return a.sin() + 1, b * 2, mod.as_nested_tensor(v.transpose(0, 1)[:4].contiguous(), layout=torch.jagged).cos()
+
+    got = torch.compile(lambda v, ln: f(nested, v, ln), backend="aot_eager", fullgraph=True)(values, lengths)
+    ref = f(torch.nested, values, lengths)
+    for g, r in zip(got, ref):
+        _same(g, r)
+    assert got[0].shape == (3, 2, 4, 6) and got[0].ragged_dims == (1,)
+
+
+def test_from_jagged_with_holes_in_compiled_graph_refused(_capture_scalars):
+    offsets, lengths = torch.tensor([0, 3, 5]), torch.tensor([2, 1])
+    f = torch.compile(lambda v: nested.nested_tensor_from_jagged(v, offsets, lengths) * 2, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"nested_tensor_from_jagged\(\): offsets together with lengths \(holes\) inside torch.compile"):
+        f(torch.randn(5, 3))

@@ -167,6 +167,8 @@ def explain(
 def _same_lengths(q: NestedTensor, k: NestedTensor) -> bool:
     if q._meta is k._meta:
         return True
+    if _is_traced(q._values):  # lengths are runtime data in a graph: equal only if the rows are
+        return q._offsets is k._offsets
     dq, dk = q.sample_dim - 2, k.sample_dim - 2
     return torch.equal(q.host_sizes()[:, dq], k.host_sizes()[:, dk])
 
@@ -367,6 +369,15 @@ def attention(
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, NestedTensor):
             raise TypeError(f"{op}(): {name} must be a NestedTensor when any input is (got a dense {type(t).__name__})")
+    mods = mask_mod is not None or score_mod is not None
+    if torch.compiler.is_dynamo_compiling() and not (mods and query.is_cuda):
+        # Dynamo is inlining a direct call: hand it the torch-level op, whose handler (this
+        # function) then runs on the graph's fake tensors. (CUDA mods: the flex backend, inlined.)
+        if mods:
+            raise NotImplementedError(_MODS_UNDER_COMPILE.format(op=op, device=query.device.type))
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
     if attention_rows.claims(query, key, value):  # ragged dims other than the sequence dim alone
         return attention_rows.attention_rows(
             query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, mask_mod=mask_mod, score_mod=score_mod
@@ -381,6 +392,7 @@ def attention(
     if _structure_mismatch(key, value) is not None:
         raise ValueError(f"{op}(): key and value must have the same ragged structure: {_structure_mismatch(key, value)}")
     masks = None
+    traced = _is_traced(query._values)
     if attn_mask is not None:
         if not isinstance(attn_mask, NestedTensor):
             raise TypeError(
@@ -388,8 +400,11 @@ def attention(
                 f"mask of shape {tuple(attn_mask.shape)} has no per-sample meaning (use is_causal, or build "
                 "the mask per sample with padless.from_list)"
             )
-        masks = unbind_samples(attn_mask)
-        _check_masks(op, masks, query, key)
+        if traced:
+            attention_compiled.check_mask_layout(op, attn_mask)  # per-sample shapes: checked when the op runs
+        else:
+            masks = unbind_samples(attn_mask)
+            _check_masks(op, masks, query, key)
     choice = explain(query, key, value, attn_mask, dropout_p, is_causal, mask_mod, score_mod)
     last_choice = choice
     if _DEBUG and not _is_traced(query._values):
@@ -398,14 +413,23 @@ def attention(
         out = _varlen_call(choice.backend, query, key, value, dropout_p, is_causal, scale, enable_gqa)
     elif choice.backend == "flex":
         out = _flex(query, key, value, is_causal, scale, enable_gqa, mask_mod, score_mod)
-    elif _is_traced(query._values) and attention_compiled.traceable(masks, dropout_p, mask_mod, score_mod, enable_gqa):
+    elif traced:
         # under torch.compile: one opaque op over the packed rows (host offsets read at run time)
-        out = attention_compiled.packed_sdpa(
-            values_of(query), values_of(key), values_of(value), query._offsets, key._offsets, is_causal, scale
-        )
+        if mods:
+            raise NotImplementedError(_MODS_UNDER_COMPILE.format(op=op, device=query.device.type))
+        out = attention_compiled.traced_attention(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     else:
         out = _per_sample(query, key, value, masks, dropout_p, is_causal, scale, enable_gqa, mask_mod, score_mod)
     return rewrap(out, query)
+
+
+_MODS_UNDER_COMPILE = (
+    "{op}(): mask_mod/score_mod on {device} do not run under torch.compile (the per-sample path that "
+    "evaluates them reads host lengths). Build the mask outside the compiled region as a NestedTensor "
+    "of per-sample (L_i, S_i) masks (padless.from_list(masks, ragged_dims=(0, 1))) and pass it as attn_mask "
+    "(an additive mask holds a score_mod that adds a bias), or keep this call eager with "
+    "torch.compiler.disable."
+)
 
 
 def _check_masks(op: str, masks, q: NestedTensor, k: NestedTensor) -> None:

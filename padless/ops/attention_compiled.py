@@ -22,6 +22,9 @@ Layout (rows of ``(..., L_i, E)`` samples, the sequence dim ragged)::
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -152,7 +155,205 @@ def _backward(ctx, grad, _grad_lse):
 packed_sdpa_fwd.register_autograd(_backward, setup_context=_setup)
 
 
-def traceable(masks, dropout_p: float, mask_mod, score_mod, enable_gqa: bool) -> bool:
-    """Whether :func:`packed_sdpa` can stand in for the per-sample path (no masks, mods,
-    dropout or grouped-query heads: these still need the eager per-sample path)."""
-    return masks is None and mask_mod is None and score_mod is None and dropout_p == 0.0 and not enable_gqa
+# ---------------------------------------------------------------------------- masks, dropout, GQA
+#
+# The general op runs exactly the per-sample SDPA calls of the eager path (same views,
+# same order, so dropout draws the same random numbers under the same seed), with each
+# sample's mask cut from the mask's packed rows. Its backward recomputes each sample
+# with autograd under the generator state saved at the forward (as activation
+# checkpointing does), so no dropout mask or score matrix is kept between the passes.
+#
+# Mask layout (a NestedTensor of (*static, L_i, S_i) samples, both last dims ragged):
+#
+#     mask         (sum L_i*S_i, *static)  sample i's rows are its (L_i, S_i) grid, row-major
+#     mask_offsets (B+1,)                  row offsets per sample
+#     mask_sizes   (B, D)                  each sample's exact shape (checked at run time)
+
+_RNG_BYTES: dict[str, int] = {}
+
+
+def _rng_state(device: torch.device) -> Tensor:
+    if device.type == "cpu":
+        return torch.get_rng_state()
+    return torch.get_device_module(device.type).get_rng_state(device)
+
+
+def _set_rng_state(device: torch.device, state: Tensor) -> None:
+    if device.type == "cpu":
+        torch.set_rng_state(state)
+    else:
+        torch.get_device_module(device.type).set_rng_state(state, device)
+
+
+def _rng_bytes(device: torch.device, dropout_p: float) -> int:
+    """Size of the saved generator state (0 without dropout); real, also inside a fake impl."""
+    if dropout_p == 0.0:
+        return 0
+    if device.type not in _RNG_BYTES:
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+        with unset_fake_temporarily():
+            _RNG_BYTES[device.type] = _rng_state(device).numel()
+    return _RNG_BYTES[device.type]
+
+
+@contextlib.contextmanager
+def _autograd_inside_op() -> Iterator[None]:
+    """Re-enable autograd inside a custom op's implementation (the dispatcher runs it with the
+    autograd keys excluded), for the backward's per-sample recompute; autocast stays off."""
+    keys = torch._C.DispatchKey
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
+        yield
+
+
+_MASK_MSG = "scaled_dot_product_attention(): attn_mask sample {i} has shape {shape}, expected (..., {lq}, {lk}) (query length x key length of that sample)"
+
+
+def _mask_view(rows: Tensor, shape: list[int], i: int, lq: int, lk: int) -> Tensor:
+    """Sample ``i``'s packed mask rows ``(L_i*S_i, *static)`` as its ``(*static, L_i, S_i)`` mask."""
+    if shape[-2:] != [lq, lk]:
+        raise ValueError(_MASK_MSG.format(i=i, shape=tuple(shape), lq=lq, lk=lk))
+    return rows.reshape(lq, lk, *rows.shape[1:]).permute(*range(2, len(shape)), 0, 1)
+
+
+def _mask_parts(mask: Tensor | None, mask_offsets: Tensor | None, mask_sizes: Tensor | None, lengths) -> list:
+    """Each sample's mask as a view of the packed rows (``None`` each without a mask; run time)."""
+    if mask is None:
+        return [None] * len(lengths)
+    mo, ms = mask_offsets.tolist(), mask_sizes.tolist()  # real (host) data at run time
+    return [_mask_view(mask[mo[i]:mo[i + 1]], ms[i], i, lq, lk) for i, (lq, lk) in enumerate(lengths)]
+
+
+def _general_bounds(q_offsets: Tensor, k_offsets: Tensor):
+    b = _bounds(q_offsets, k_offsets)
+    return b, [(qe - qs, ke - ks) for qs, qe, ks, ke in b]
+
+
+@torch.library.custom_op(
+    "padless::packed_sdpa_general_fwd", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
+)
+def packed_sdpa_general_fwd(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor,
+    mask: Tensor | None, mask_offsets: Tensor | None, mask_sizes: Tensor | None,
+    dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool,
+) -> tuple[Tensor, Tensor]:
+    """SDPA of every sample's rows with its own mask, dropout and grouped-query heads (see the
+    section comment); returns the output rows and the generator state dropout started from
+    (empty without dropout)."""
+    bounds, lengths = _general_bounds(q_offsets, k_offsets)
+    masks = _mask_parts(mask, mask_offsets, mask_sizes, lengths)
+    rng = _rng_state(q.device).clone() if dropout_p > 0 else torch.empty(0, dtype=torch.uint8)
+    out = q.new_zeros((q.shape[0], *q.shape[1:-1], v.shape[-1]))
+    for (qs, qe, ks, ke), mi in zip(bounds, masks):
+        o = F.scaled_dot_product_attention(
+            _sample_view(q[qs:qe]), _sample_view(k[ks:ke]), _sample_view(v[ks:ke]), attn_mask=mi,
+            dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+        )
+        out[qs:qe] = _sample_rows(o, q[qs:qe])
+    return out, rng
+
+
+@packed_sdpa_general_fwd.register_fake
+def _packed_sdpa_general_fwd_fake(q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, dropout_p, is_causal, scale, enable_gqa):
+    out = q.new_empty((q.shape[0], *q.shape[1:-1], v.shape[-1]))
+    return out, torch.empty(_rng_bytes(q.device, dropout_p), dtype=torch.uint8)
+
+
+@torch.library.custom_op("padless::packed_sdpa_general_backward", mutates_args=())
+def packed_sdpa_general_backward(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor,
+    mask: Tensor | None, mask_offsets: Tensor | None, mask_sizes: Tensor | None, rng: Tensor,
+    dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool, mask_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of :func:`packed_sdpa_general_fwd` for ``q``, ``k``, ``v`` and (``mask_grad``:
+    an additive mask; else an empty tensor) the mask rows: each sample recomputed with
+    autograd from the forward's generator state, which is restored afterwards."""
+    bounds, lengths = _general_bounds(q_offsets, k_offsets)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dm = torch.zeros_like(mask) if mask_grad and mask is not None else q.new_empty(0)
+    mo, ms = (mask_offsets.tolist(), mask_sizes.tolist()) if mask is not None else (None, None)
+    now = _rng_state(q.device).clone() if dropout_p > 0 else None
+    if now is not None:
+        _set_rng_state(q.device, rng)  # replay the forward's dropout draws
+    try:
+        for i, (qs, qe, ks, ke) in enumerate(bounds):
+            leaves = [t.detach().requires_grad_() for t in (q[qs:qe], k[ks:ke], v[ks:ke])]
+            with _autograd_inside_op():
+                mi = None
+                if mask is not None:
+                    rows = mask[mo[i]:mo[i + 1]].detach()
+                    if mask_grad:
+                        leaves.append(rows.requires_grad_())
+                    mi = _mask_view(rows, ms[i], i, *lengths[i])
+                o = F.scaled_dot_product_attention(
+                    *(_sample_view(t) for t in leaves[:3]), attn_mask=mi,
+                    dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa,
+                )
+                gs = torch.autograd.grad(o, leaves, _sample_view(grad[qs:qe]), allow_unused=True)
+            spans = [(dq, qs, qe), (dk, ks, ke), (dv, ks, ke)] + ([(dm, mo[i], mo[i + 1])] if mask_grad else [])
+            for (buf, lo, hi), g in zip(spans, gs):
+                if g is not None:
+                    buf[lo:hi] = g  # autograd gives each leaf's gradient in its row layout
+    finally:
+        if now is not None:
+            _set_rng_state(q.device, now)
+    return dq, dk, dv, dm
+
+
+@packed_sdpa_general_backward.register_fake
+def _packed_sdpa_general_backward_fake(grad, q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, rng, dropout_p, is_causal, scale, enable_gqa, mask_grad):
+    dm = torch.empty_like(mask) if mask_grad and mask is not None else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dm
+
+
+def _general_setup(ctx, inputs, output) -> None:
+    q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, dropout_p, is_causal, scale, enable_gqa = inputs
+    ctx.save_for_backward(q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, output[1])
+    ctx.args = (dropout_p, is_causal, scale, enable_gqa)
+    ctx.mask_grad = mask is not None and mask.is_floating_point()
+
+
+def _general_backward(ctx, grad, _grad_rng):
+    q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, rng = ctx.saved_tensors
+    mask_grad = ctx.mask_grad and ctx.needs_input_grad[5]
+    dq, dk, dv, dm = packed_sdpa_general_backward(
+        grad.contiguous(), q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, rng, *ctx.args, mask_grad
+    )
+    return dq, dk, dv, None, None, dm if mask_grad else None, None, None, None, None, None, None
+
+
+packed_sdpa_general_fwd.register_autograd(_general_backward, setup_context=_general_setup)
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+def check_mask_layout(op: str, attn_mask) -> None:
+    """Static checks of a NestedTensor ``attn_mask`` under compile (its per-sample shapes are
+    runtime data there, checked by the op when it runs)."""
+    d = attn_mask.sample_dim
+    if d < 2 or attn_mask._ragged != (d - 2, d - 1):
+        raise ValueError(
+            f"{op}(): under torch.compile attn_mask must be a NestedTensor of (..., L_i, S_i) samples whose "
+            f"last two dims are ragged, stored in that order; it has rank {d} and ragged dims "
+            f"{tuple(r + 1 for r in attn_mask._ragged)} in storage order. Build it with "
+            "padless.from_list(masks, ragged_dims=(D-2, D-1)) (e.g. ragged_dims=(0, 1) for (L_i, S_i) masks)."
+        )
+
+
+def traced_attention(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> Tensor:
+    """Packed output rows of SDPA over NestedTensors inside a compiled graph: one opaque op over
+    the packed rows (host offsets read when it runs); the fused-kernel op without masks,
+    dropout or grouped-query heads, the general op otherwise."""
+    from padless.tensor.autograd import values_of
+
+    q, k, v = values_of(query), values_of(key), values_of(value)
+    if attn_mask is None and dropout_p == 0.0 and not enable_gqa:
+        return packed_sdpa(q, k, v, query._offsets, key._offsets, is_causal, scale)
+    m, mo, ms = (None, None, None) if attn_mask is None else (values_of(attn_mask), attn_mask._offsets, attn_mask._sizes)
+    return packed_sdpa_general_fwd(
+        q, k, v, query._offsets, key._offsets, m, mo, ms, float(dropout_p), is_causal, scale, enable_gqa
+    )[0]

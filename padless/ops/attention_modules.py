@@ -31,7 +31,7 @@ from padless.ops.attention import attention
 from padless.ops.structure import RAGGED, STATIC, restructure
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.convert import unbind_samples
-from padless.tensor.core import NestedTensor
+from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.registry import implements
 
 
@@ -173,6 +173,12 @@ def multi_head_attention_forward(
     qh, kh, vh = _heads(q, qp, num_heads), _heads(k, kp, num_heads), _heads(v if v is not k else k, vp, num_heads)
     p = dropout_p if training else 0.0
     weights = None
+    if need_weights and _is_traced(qv):
+        raise NotImplementedError(
+            f"{op}(): need_weights=True does not run under torch.compile: the per-sample (L_i, S_i) weights "
+            "have sum(L_i*S_i) rows, a count the graph cannot know. Call the module with need_weights=False "
+            "(nn.TransformerEncoderLayer/DecoderLayer already do), or compute the weights outside the compiled region."
+        )
     if need_weights:
         masks = None if mask_nt is None else unbind_samples(mask_nt)
         rows, w_list = _explicit_weights(qh, kh, vh, masks, p, is_causal, average_attn_weights)

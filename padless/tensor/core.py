@@ -264,24 +264,6 @@ class NestedTensor(Tensor):
             inner["_values"], inner["_offsets"], inner["_sizes"], ragged, tuple(outer_size[1:]), meta
         )
 
-    def __coerce_same_metadata_as_tangent__(self, expected_metadata: tuple, expected_type: type | None = None):
-        """A tangent whose flatten metadata differs from what AOTAutograd guessed from the forward
-        output: the same tensor with only the expected carried maps. A tangent can carry more
-        (``pair_count`` made when a batch with host sizes is flattened) than an output built
-        inside the graph; ``None`` (torch's error) when an expected map is missing. The copy
-        holds no host sizes, so flattening it makes no further carriers."""
-        if (expected_type is not None and expected_type is not type(self)) or expected_metadata[0] != self._ragged:
-            return None
-        names = tuple(expected_metadata[1]) if len(expected_metadata) > 1 else ()
-        dev = self._values.device
-        d = self._meta.derived
-        if any((k, dev) not in d for k in names):
-            return None
-        meta = StructureMeta()
-        meta.derived.update((k, v) for k, v in d.items() if not (isinstance(k, tuple) and k[0] in CARRIED_INNER))
-        meta.derived.update(((k, dev), d[(k, dev)]) for k in names)
-        return NestedTensor(self._values, self._offsets, self._sizes, self._ragged, self._env, meta)
-
     def _carried_names(self) -> tuple[str, ...]:
         """Names of the cached row maps that flatten as extra inner tensors (see CARRIED_INNER)."""
         d = self._meta.derived
