@@ -115,14 +115,12 @@ if os.environ.get("PADLESS_SHIM") == "1":
 
 REPORT = r'''
 import json, os
-_RESULTS = {}
 def pytest_runtest_logreport(report):
+    # One JSON line per test, written as it finishes: a run cut by the timeout keeps its results.
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
         msg = "" if report.outcome == "passed" else str(report.longrepr)[-1500:]
-        _RESULTS[report.nodeid] = (report.outcome, msg)
-def pytest_sessionfinish(session):
-    with open(os.environ["SUITE_OUT"], "w") as f:
-        json.dump(_RESULTS, f)
+        with open(os.environ["SUITE_OUT"], "a") as f:
+            f.write(json.dumps([report.nodeid, report.outcome, msg]) + "\n")
 '''
 
 # (category, pattern on the test id + failure message), first match wins. The first group
@@ -165,7 +163,12 @@ def run(folder: pathlib.Path, mode: str, strict: bool, extra: list[str], timeout
         subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"njt_suite: the {mode} run hit the {timeout} s timeout; counting what finished")
-    return (json.loads(out.read_text()) if out.exists() else {}), time.perf_counter() - t0
+    res = {}
+    if out.exists():
+        for line in out.read_text().splitlines():
+            nodeid, outcome, msg = json.loads(line)
+            res[nodeid] = (outcome, msg)
+    return res, time.perf_counter() - t0
 
 
 def category(nodeid: str, msg: str) -> str:
