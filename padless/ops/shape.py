@@ -40,6 +40,7 @@ from padless.tensor.core import (
 )
 from padless.tensor.registry import implements, lend
 from padless.tensor.errors import StructureError
+from padless.tensor.traced import traced_max
 
 # ---------------------------------------------------------------------------- helpers
 
@@ -292,12 +293,19 @@ def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> Ne
             f"flatten(): ragged dims {s}..{e} are stored in order {tuple(r + 1 for r in nt._ragged)} "
             "(they were transposed), so their elements are not adjacent in each sample's rows"
         )
-    hs, ho = host_structure(nt, "flatten")
     k = len(span)
     keep = [c for c in range(nt.sample_dim) if c not in span[1:]]
+    ragged = tuple(r if r <= span[0] else r - (k - 1) for r in nt._ragged if r not in span[1:])
+    if nt._meta.host_sizes is None and _is_traced(nt._sizes):  # compiled: same rows, a new extent
+        sizes = nt._sizes[:, keep].clone()
+        sizes[:, span[0]] = nt._sizes[:, span].prod(1)
+        meta = StructureMeta()
+        env = [nt._env[c] for c in keep]
+        env[span[0]] = traced_max(sizes[:, span[0]], meta, span[0])
+        return nested_from_values(values_of(nt), nt._offsets, sizes, ragged, env, meta)
+    hs, ho = host_structure(nt, "flatten")
     new_hs = hs[:, keep].clone()
     new_hs[:, span[0]] = hs[:, span].prod(1)
-    ragged = tuple(r if r <= span[0] else r - (k - 1) for r in nt._ragged if r not in span[1:])
     return from_host_structure(values_of(nt), new_hs, ragged, nt, ho, nt._offsets)
 
 

@@ -139,6 +139,10 @@ def relayout(nt: NestedTensor, ragged_order: Sequence[int]) -> NestedTensor:
         raise StructureError(f"relayout(): {order} is not a permutation of the ragged dims {nt._ragged}")
     if order == nt._ragged:
         return nt
+    if nt._meta.host_sizes is None and _is_traced(nt._sizes):  # compiled: same rows, sizes, envelope
+        _, rows = layout.relayout_rows(nt._sizes, nt._offsets, nt._ragged, order, nt._values.shape[0])
+        vals = values_of(nt).index_select(0, rows)
+        return nested_from_values(vals, nt._offsets, nt._sizes, order, nt._env, StructureMeta())
     hs, ho = host_structure(nt, "relayout")
     _, rows = layout.relayout_rows(hs, ho, nt._ragged, order, nt._values.shape[0])
     vals = values_of(nt).index_select(0, rows.to(nt._values.device, non_blocking=True))

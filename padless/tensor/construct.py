@@ -264,10 +264,10 @@ def from_padded(
         from padless.tensor.convert import pack_like
 
         return pack_like(padded, like)
-    if torch.compiler.is_compiling() and mask is None and isinstance(lengths, Tensor):
+    if torch.compiler.is_compiling() and (isinstance(lengths, Tensor) or (lengths is None and isinstance(mask, Tensor))):
         from padless.tensor.convert import pack_lengths
 
-        return pack_lengths(padded, lengths, ragged_dims)
+        return pack_lengths(padded, lengths, ragged_dims, mask)
     if not isinstance(padded, Tensor) or isinstance(padded, NestedTensor):
         raise TypeError(f"{what}: padded must be a dense tensor, got {type(padded).__name__}")
     if padded.dim() < 2:

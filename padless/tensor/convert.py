@@ -187,6 +187,8 @@ def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
     A unit-step slice is a view of ``values``; other indices gather rows. Differentiable.
     """
     b = nt.batch_size
+    if nt._meta.host_offsets is None and _is_traced(nt._values) and isinstance(index, slice) and index.step in (None, 1):
+        return _select_slice_traced(nt, index)
     hs, ho = nt.host_sizes(), nt.host_offsets()
     vals = values_of(nt)
     if isinstance(index, slice) and index.step in (None, 1):
@@ -214,6 +216,27 @@ def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
     return mark_dynamic(nested_from_values(
         sub_vals, sub_offsets.to(dev, non_blocking=True), sub_sizes.to(dev, non_blocking=True), nt._ragged, env, meta
     ))
+
+
+def _select_slice_traced(nt: NestedTensor, index: slice) -> NestedTensor:
+    """``nt[start:stop]`` inside a compiled graph: the sub-batch's rows and its envelope are
+    new sizes (:mod:`padless.tensor.traced`), the rows one ``index_select`` of ``values``."""
+    from padless.tensor.traced import row_range, traced_max
+
+    b = nt.batch_size  # symbolic: ``slice.indices(b)`` would make it a constant of the graph
+    start = 0 if index.start is None else index.start
+    stop = b if index.stop is None else index.stop
+    start = torch.sym_max(start + b, 0) if start < 0 else torch.sym_min(start, b)
+    stop = torch.sym_max(stop + b, 0) if stop < 0 else torch.sym_min(stop, b)
+    stop = torch.sym_max(start, stop)
+    rows = row_range(nt._offsets, start, stop)
+    sizes = nt._sizes[start:stop]
+    offsets = nt._offsets[start : stop + 1] - nt._offsets[start : start + 1]
+    meta = StructureMeta()
+    env = list(nt._env)
+    for d in nt._ragged:
+        env[d] = traced_max(sizes[:, d], meta, d)
+    return nested_from_values(values_of(nt).index_select(0, rows), offsets, sizes, nt._ragged, env, meta)
 
 
 def _expand_index(index: tuple, ndim: int) -> list[Any]:
@@ -328,13 +351,19 @@ def _pack_like(padded: Tensor, like: NestedTensor) -> NestedTensor:
     return nested_from_values(values, like._offsets, sizes, like._ragged, env, meta)
 
 
-def pack_lengths(padded: Tensor, lengths: Tensor, ragged_dims: Sequence[int] | int | None) -> NestedTensor:
-    """``from_padded(padded, lengths)`` inside a compiled graph: lengths are runtime data, so
-    the row count and the envelope are new sizes (:mod:`padless.tensor.traced`); a length
-    past ``padded``'s extent fails at run time (``torch._assert_async``)."""
+def pack_lengths(
+    padded: Tensor, lengths: Tensor | None, ragged_dims: Sequence[int] | int | None, mask: Tensor | None = None
+) -> NestedTensor:
+    """``from_padded(padded, lengths)`` (or ``mask=``) inside a compiled graph: lengths are
+    runtime data, so the row count and the envelope are new sizes
+    (:mod:`padless.tensor.traced`); a length past ``padded``'s extent, or a mask that is not
+    a prefix mask, fails at run time (``torch._assert_async``)."""
     from padless.tensor.construct import _norm_dims
 
     what = "NestedTensor.from_padded"
+    if mask is not None:
+        lengths = _traced_mask_lengths(padded, mask, ragged_dims, what)
+        ragged_dims = None
     if lengths.is_floating_point() or lengths.dtype == torch.bool:
         raise TypeError(f"{what}: lengths must be integers, got {lengths.dtype}")
     lens = lengths.to(torch.int64)
@@ -346,6 +375,38 @@ def pack_lengths(padded: Tensor, lengths: Tensor, ragged_dims: Sequence[int] | i
     if len(ragged) != lens.shape[1]:
         raise StructureError(f"{what}: lengths has {lens.shape[1]} column(s) but ragged_dims={ragged} names {len(ragged)} dim(s)")
     return _pack_lengths_graph(padded, lens, ragged)
+
+
+def _traced_mask_lengths(padded: Tensor, mask: Tensor, ragged_dims: Any, what: str) -> Tensor:
+    """Per-sample lengths ``(B, k)`` along the dims a prefix ``mask`` covers, on the device."""
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{what}: mask must be bool, got {mask.dtype}")
+    k = mask.dim() - 1
+    if k < 1 or tuple(mask.shape) != tuple(padded.shape[: k + 1]):
+        raise ValueError(
+            f"{what}: mask shape {tuple(mask.shape)} must equal the leading dims of padded "
+            f"{tuple(padded.shape)} (batch included)"
+        )
+    if ragged_dims is not None and tuple(sorted([ragged_dims] if isinstance(ragged_dims, int) else ragged_dims)) != tuple(range(k)):
+        raise NotImplementedError(
+            f"{what}: under torch.compile, mask= makes every dim it covers ragged (dims {tuple(range(k))}); "
+            "pass ragged_dims=None, or lengths= for other ragged dims"
+        )
+    b = mask.shape[0]
+    lens = []
+    for j in range(k):
+        other = [d for d in range(1, k + 1) if d != j + 1]
+        along = mask.any(dim=other) if other else mask
+        lens.append(along.sum(dim=1))
+    lengths = torch.stack(lens, 1)
+    rebuilt = torch.ones_like(mask)
+    for j in range(k):
+        view = [1] * (k + 1)
+        view[j + 1] = mask.shape[j + 1]
+        ar = torch.arange(mask.shape[j + 1], device=mask.device).view(view)
+        rebuilt = rebuilt & (ar < lengths[:, j].view([b] + [1] * k))
+    torch._assert_async((rebuilt == mask).all(), f"{what}: mask is not a prefix mask (a True after a False in some sample)")
+    return lengths
 
 
 def _pack_lengths(padded: Tensor, lens: Tensor, ragged: tuple[int, ...]) -> NestedTensor:

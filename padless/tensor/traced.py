@@ -12,6 +12,11 @@ Row counts are not made here when they follow from sizes the compiler already kn
 (``cat`` along a ragged dim has the rows of its inputs together; ``narrow`` of the only
 ragged dim has ``B * length``); only what no input size can express is.
 
+The ops: :func:`extent_carrier` (an envelope extent, carried on the new structure as the
+inner tensor ``_env<d>`` so the symbol stays bound), :func:`total_carrier` (a new row
+count), :func:`masked_rows` and :func:`row_range` (row indices of data-dependent length),
+:func:`select_sample` (``nt[i]`` with its own extents, differentiable).
+
 Example: the envelope of ``torch.cat([x, y], dim=1)`` for samples ``(L_i, C)`` and
 ``(M_i, C)`` is ``max_i (L_i + M_i)``::
 
@@ -34,17 +39,14 @@ ENVELOPE_KEYS = tuple(register_carried(f"env{d}") for d in range(8))
 
 
 @torch.library.custom_op("padless::extent_carrier", mutates_args=())
-def extent_carrier(counts: Tensor, rows: Tensor) -> Tensor:
-    """An empty ``int8`` tensor of length ``max(counts)`` (0 when ``counts`` is empty).
-
-    ``rows`` is not read (pass ``counts`` again); it keeps the op's schema open for callers
-    that tie the carrier to another tensor of the structure."""
+def extent_carrier(counts: Tensor) -> Tensor:
+    """An empty ``int8`` tensor of length ``max(counts)`` (0 when ``counts`` is empty)."""
     n = int(counts.max()) if counts.numel() else 0
     return torch.empty((max(n, 0),), dtype=torch.int8, device=counts.device)
 
 
 @extent_carrier.register_fake
-def _extent_carrier_fake(counts: Tensor, rows: Tensor) -> Tensor:
+def _extent_carrier_fake(counts: Tensor) -> Tensor:
     n = torch.library.get_ctx().new_dynamic_size()
     return counts.new_empty((n,), dtype=torch.int8)
 
@@ -54,7 +56,7 @@ def traced_max(counts: Tensor, meta: StructureMeta | None = None, dim: int = 0) 
     whose carrier is cached on ``meta`` for sample dim ``dim`` (see :data:`ENVELOPE_KEYS`)."""
     if not _is_traced(counts):
         return int(counts.max()) if counts.numel() else 0
-    carrier = extent_carrier(counts, counts)
+    carrier = extent_carrier(counts)
     if meta is not None:
         if dim >= len(ENVELOPE_KEYS):
             raise NotImplementedError(f"padless: a new envelope extent along sample dim {dim} under torch.compile (at most {len(ENVELOPE_KEYS)} dims)")

@@ -130,16 +130,25 @@ def test_cat_along_the_ragged_dim_one_graph():
     assert_close_samples(f(x, y)[0], [torch.cat([a, 2 * b]).relu() for a, b in zip(x.unbind(), y.unbind())])
 
 
-def test_cat_batches_static_dims_and_image_heights():
-    def f(x, y, im):
-        return torch.cat([x, y], 0), torch.cat([x, x * 3], 2), torch.cat([im, im.sin()], 2)
+def test_cat_batches_static_dims_image_heights_flatten_and_relayout():
+    """Also ``(C, H_i, W_i).flatten(2)`` (tokens: envelope max H_i*W_i, a new symbol) and a
+    cat whose second input is stored transposed (re-laid out from device sizes)."""
+
+    def f(x, y, im, im_t):
+        return (
+            torch.cat([x, y], 0), torch.cat([im, im.sin()], 2),
+            im.flatten(2).to_padded(), torch.cat([im, im_t.transpose(2, 3)], 1),
+        )
 
     def make(g, b):
-        return _leaf(_seq(g, b)), _leaf(_seq(g, b)), _leaf(_images(g, b))
+        ims = _images(g, b)
+        return _leaf(_seq(g, b)), _leaf(_seq(g, b)), _leaf(ims), _leaf([s.transpose(1, 2).cos() for s in ims])
 
-    _check(f, make, sizes=SIZES[:4])
-    x, y, im = make(torch.Generator().manual_seed(0), 3)
-    assert_close_samples(f(x, y, im)[2], [torch.cat([s, s.sin()], 1) for s in im.unbind()])
+    _check(f, make)
+    x, y, im, im_t = make(torch.Generator().manual_seed(0), 3)
+    out = f(x, y, im, im_t)
+    assert_close_samples(out[1], [torch.cat([s, s.sin()], 1) for s in im.unbind()])
+    assert_close_samples(out[3], [torch.cat([s, s.cos()], 0) for s in im.unbind()])
 
 
 # ---------------------------------------------------------------------------- narrow / gather
@@ -149,7 +158,7 @@ def test_narrow_of_the_ragged_dim_one_graph():
     """One ragged dim: B * length rows; images: narrowing H gives length * sum W_i rows (new)."""
 
     def f(x, im):
-        return x.narrow(1, -2, 2) * 3, x.narrow(2, 1, 2), im.narrow(2, 1, 1).cos()
+        return x.narrow(1, -2, 2) * 3, im.narrow(2, 1, 1).cos()
 
     def make(g, b):
         return _leaf(_seq(g, b, lo=2)), _leaf(_images(g, b))
@@ -157,7 +166,7 @@ def test_narrow_of_the_ragged_dim_one_graph():
     _check(f, make)
     x, im = make(torch.Generator().manual_seed(0), 3)
     assert_close_samples(f(x, im)[0], [s[-2:] * 3 for s in x.unbind()])
-    assert_close_samples(f(x, im)[2], [s[:, 1:2].cos() for s in im.unbind()])
+    assert_close_samples(f(x, im)[1], [s[:, 1:2].cos() for s in im.unbind()])
 
 
 def test_narrow_too_short_a_sample_fails_at_run_time_under_compile():
@@ -184,18 +193,25 @@ def test_gather_with_sample_local_indices_one_graph():
 # ---------------------------------------------------------------------------- nt[i]
 
 
-def test_sample_indexing_without_unbind_one_graph():
-    """``nt[i]`` is one custom op; the sample's extents are new symbols of the graph."""
+def test_sample_and_sub_batch_indexing_without_unbind_one_graph():
+    """``nt[i]`` is one custom op (the sample's extents are new symbols of the graph); a
+    sub-batch (``nt[1:3]``, ``split``/``narrow`` of the batch dim) has new rows and envelope."""
 
     def f(x, im):
-        return x[1] * 2, x[-1].sum(0), x[0, ..., 1], im[0][..., 1], im[1].mean()
+        head, rest = torch.split(x, [1, x.shape[0] - 1], 0)
+        return (
+            x[1] * 2, x[-1], x[0, ..., 1], im[0][..., 1],
+            x[1:3].relu(), rest.sum(dim=1), x.narrow(0, 1, 1).to_padded(),
+        )
 
     def make(g, b):
         return _leaf(_seq(g, b)), _leaf(_images(g, b))
 
     _check(f, make)
     x, im = make(torch.Generator().manual_seed(0), 3)
-    torch.testing.assert_close(f(x, im)[0], x.unbind()[1] * 2)
+    out = f(x, im)
+    torch.testing.assert_close(out[0], x.unbind()[1] * 2)
+    assert_close_samples(out[4], [s.relu() for s in x.unbind()[1:3]])
 
 
 def test_sample_indexing_that_drops_a_ragged_dim_asks_for_two_steps():
@@ -211,9 +227,7 @@ def test_sample_indexing_that_drops_a_ragged_dim_asks_for_two_steps():
 def test_to_padded_every_spelling_is_b_by_max_n_symbolic():
     def f(x):
         return (
-            x.to_padded(),
             padless.to_padded(x, -1.0),
-            x.to_padded_tensor(2.0),
             padless.nested.to_padded_tensor(x, 0.5),
             x.to_padded_tensor(0.0, (x.shape[0], x.shape[1] + 2, 4)),
         )
@@ -225,7 +239,7 @@ def test_to_padded_every_spelling_is_b_by_max_n_symbolic():
     (x,) = make(torch.Generator().manual_seed(0), 3)
     n = max(s.shape[0] for s in x.unbind())
     want = torch.stack([torch.cat([s, s.new_full((n - s.shape[0], 4), -1.0)]) for s in x.unbind()])
-    torch.testing.assert_close(f(x)[1], want)
+    torch.testing.assert_close(f(x)[0], want)
 
 
 def test_from_padded_like_round_trip_inductor():
@@ -240,31 +254,40 @@ def test_from_padded_like_round_trip_inductor():
         return (_leaf(_seq(g, b)),)
 
     backend = "inductor"
-    _check(f, make, backend=backend, sizes=SIZES if INDUCTOR else SIZES[:3])
+    _check(f, make, backend=backend, sizes=SIZES if INDUCTOR else SIZES[:2])
     (x,) = make(torch.Generator().manual_seed(0), 3)
     assert_close_samples(f(x), [lin(s).tanh() + s for s in x.unbind()], atol=1e-6, rtol=1e-5)
 
 
-def test_from_padded_lengths_one_graph():
+def test_from_padded_lengths_and_mask_one_graph():
     """Lengths are runtime data: the rows and the envelope are new symbols. (The dense input
     is marked dynamic; unmarked, Dynamo recompiles once at warm-up, as for any dense tensor.)"""
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 6)
 
-    def f(p, lens):
+    def f(p, lens, mask):
         z = padless.from_padded(lin(p), lens)
-        return z * 2, z.sum(dim=1), z.to_padded()
+        return z * 2, z.sum(dim=1), z.to_padded(), padless.from_padded(p, mask=mask)
 
     def make(g, b):
         lens = torch.tensor(_lengths(g, b))
         p = torch.randn(b, 7, 4, generator=g, requires_grad=True)
-        torch._dynamo.maybe_mark_dynamic(p, 0)
-        torch._dynamo.maybe_mark_dynamic(lens, 0)
-        return p, lens
+        mask = torch.arange(7) < torch.tensor(_lengths(g, b))[:, None]
+        for t in (p, lens, mask):
+            torch._dynamo.maybe_mark_dynamic(t, 0)
+        return p, lens, mask
 
     _check(f, make)
-    p, lens = make(torch.Generator().manual_seed(0), 3)
-    assert_close_samples(f(p, lens)[0], [lin(p[i, : lens[i]]) * 2 for i in range(3)])
+    p, lens, mask = make(torch.Generator().manual_seed(0), 3)
+    assert_close_samples(f(p, lens, mask)[0], [lin(p[i, : lens[i]]) * 2 for i in range(3)])
+
+
+def test_from_padded_mask_not_a_prefix_fails_at_run_time_under_compile():
+    f = torch.compile(lambda p, m: padless.from_padded(p, mask=m), backend="aot_eager", fullgraph=True)
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    mask[0, 2] = False
+    with pytest.raises(RuntimeError, match=r"from_padded: mask is not a prefix mask \(a True after a False in some sample\)"):
+        f(torch.randn(2, 5, 3), mask)
 
 
 def test_from_padded_like_errors():
