@@ -11,7 +11,13 @@ Two models, forward + backward, d=256, 4 heads, FFN 4x, GELU:
 * ``nn.TransformerEncoderLayer(norm_first=True, batch_first=True)``.
 
 Each runs as padded dense (key-padding mask), as padless (the same module code on a
-NestedTensor) and as ``torch.nested`` jagged where it runs. Lengths are uniform in
+NestedTensor), as ``torch.nested`` jagged where it runs, and (pre-LN layer) as explicit
+hand packing: the same weights on one ``(T, d)`` buffer with one SDPA call per sample on
+``torch.split`` views, what a user writes without a library. The note column of the
+padded row gives the FLOP ideal: padded FLOPs over packed FLOPs for that batch (linears,
+layer norms and activations scale with the tokens, ``72 d^2`` per token forward + backward;
+attention with ``L^2``, ``14 L^2 d`` with the fused backward's recompute), i.e. the
+speed-up a packed path reaches if every FLOP costs the same on both sides. Lengths are uniform in
 ``[16, 256] * 16 / B`` (occupancy ~0.55 at every B, the same ~2,200 tokens per batch:
 U[16, 256] at B=16, U[4, 64] at B=64, U[1, 16] at B=256) or lognormal (~0.3, scaled the
 same way). Each row runs at every thread count given (``--threads``, default 1 and all
@@ -83,7 +89,29 @@ def make_models(d: int, heads: int, device: str, dtype: torch.dtype) -> dict[str
 
 
 NAMES = {"pre-ln": "pre-LN layer", "encoder-layer": "nn.TransformerEncoderLayer"}
-IMPLS = ("padded + mask", "padless", "torch.nested")
+IMPLS = ("padded + mask", "padless", "hand-packed", "torch.nested")
+
+
+def hand_packed(m: PreLNLayer, x, lengths: list[int]):
+    """The pre-LN layer on packed ``(T, d)`` rows written by hand: one SDPA per sample on
+    ``torch.split`` views (4-D, so torch's fused CPU kernel runs), one concatenation."""
+    q, k, v = m.qkv(m.ln1(x)).chunk(3, dim=-1)
+    q, k, v = (t.contiguous().unflatten(-1, (m.heads, -1)) for t in (q, k, v))  # (T, H, E) rows
+    outs = [
+        F.scaled_dot_product_attention(*(t.transpose(0, 1)[None] for t in qkv))[0].transpose(0, 1)
+        for qkv in zip(q.split(lengths), k.split(lengths), v.split(lengths))
+    ]
+    x = x + m.proj(torch.cat(outs).flatten(-2))
+    return x + m.ff(m.ln2(x))
+
+
+def flop_ideal(lengths: list[int], d: int) -> float:
+    """Padded FLOPs over packed FLOPs of one forward + backward step (see the module docstring)."""
+    b, lmax = len(lengths), max(lengths)
+    per_token, per_score = 72 * d * d, 14 * d
+    padded = b * lmax * per_token + b * lmax * lmax * per_score
+    packed = sum(lengths) * per_token + sum(n * n for n in lengths) * per_score
+    return padded / packed
 SKIPPED: dict[str, str] = {}  # "model / implementation" -> why it could not run
 
 
@@ -94,7 +122,7 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
     times: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
     notes: dict[tuple[str, str], str] = {}
-    occ = []
+    occ, ideal = [], []
     for batch_i in range(args.batches + 1):
         lengths = lengths_for(kind, b, g)
         samples = [torch.randn(n, d, generator=g).to(device=device, dtype=dtype) for n in lengths]
@@ -102,6 +130,9 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
         pad = x.to_padded().detach().requires_grad_()
         keep = x.mask()[..., 0]
         occ.append(x.occupancy())
+        xs = torch.cat(samples).requires_grad_()
+        if batch_i:  # batch 0 warms up
+            ideal.append(flop_ideal(lengths, d))
         for name, m in models.items():
             def padded_step(m=m, name=name):
                 if name == "pre-ln":
@@ -113,12 +144,17 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
             def padless_step(m=m):
                 (m(x) ** 2).mean().backward()
 
+            def hand_step(m=m):
+                (hand_packed(m, xs, lengths) ** 2).mean().backward()
+
             def nested_step(m=m):
                 njt = torch.nested.nested_tensor([s.detach() for s in samples], layout=torch.jagged, requires_grad=True)
                 y = m(njt)
                 (y.values() ** 2).mean().backward()
 
             steps = {"padded + mask": padded_step, "padless": padless_step, "torch.nested": nested_step}
+            if name == "pre-ln":
+                steps["hand-packed"] = hand_step
             res = {}
             for impl, fn in steps.items():
                 key = (name, impl)
@@ -141,7 +177,8 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
             key = (name, impl)
             case = f"{NAMES[name]}, {case_tail}"
             if key in times:
-                rows.append(bench.Row(case, impl, statistics.median(times[key]) * 1e6, statistics.median(ratios[key])))
+                note = f"FLOP ideal {statistics.median(ideal):.2f}x" if impl == "padded + mask" and ideal else ""
+                rows.append(bench.Row(case, impl, statistics.median(times[key]) * 1e6, statistics.median(ratios[key]), note))
             elif key in notes:
                 SKIPPED[f"{NAMES[name]} / {impl}"] = notes[key]
     return rows
