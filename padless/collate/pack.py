@@ -340,8 +340,13 @@ class RaggedPlan(FieldPlan):
         self.v_slot = arena.reserve(self.dtype, self.total * math.prod(self.static))
         self.i_slot = arena.reserve(torch.int64, n_off + self.host_sizes.numel())
         self.c_slot = arena.reserve(torch.int32, n_off)
-        core = (self.host_offsets, self.host_sizes, self.meta.cu_seqlens)
-        extra = [(t, host) for t, host in md.iter_tensors(self.meta) if not any(t is c for c in core)]
+        m = self.meta
+        core = (self.host_offsets, self.host_sizes, m.cu_seqlens)
+        plain = (  # the common field: one ragged dim, nothing opted in (no walk over the metadata)
+            m.rows is None and m.pair is None and m.padded_index is None and not m.spatial
+            and len(m.partitions) == 1 and m.partitions[0] is self.host_offsets
+        )
+        extra = [] if plain else [(t, host) for t, host in md.iter_tensors(m) if not any(t is c for c in core)]
         self.placer = None
         if extra:
             self.placer = Placer()
