@@ -15,7 +15,11 @@ Three models, forward + backward, on batches whose size and lengths change every
   norm, and ``x + o(z.mean(dim=2))``; the padded twin zeroes padded pair rows before the
   products and masks the mean;
 * ``nn.TransformerEncoderLayer(64, 4, 256, dropout=0, batch_first=True)``, B in 2..16,
-  lengths U[16, 128]; the padded twin passes ``src_key_padding_mask``.
+  lengths U[16, 128]; the padded twin passes ``src_key_padding_mask``;
+* (``--models decoder``) ``nn.TransformerDecoderLayer(64, 4, 256, batch_first=True)`` in
+  training (dropout 0.1: attention dropout runs in padless' general attention op), causal
+  self-attention and cross-attention to the batch itself, same batches as the encoder; the
+  padded twin passes both key padding masks.
 
 Compiled runs use ``fullgraph=True`` (padless) and ``dynamic=True`` (padded, so it does not
 recompile per shape). The first pass over the batches is the warm-up and gives the compile
@@ -90,6 +94,26 @@ def pair_padded(block: PairBlock, x: torch.Tensor, mask: torch.Tensor) -> torch.
     return (x + block.g(mean)) * m[..., None]
 
 
+class DecoderBlock(nn.Module):
+    """``nn.TransformerDecoderLayer(64, 4, 256, batch_first=True)`` in training (dropout 0.1):
+    causal self-attention, and cross-attention to the batch itself as the memory."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dec = nn.TransformerDecoderLayer(64, 4, 256, batch_first=True)
+
+    def forward(self, x):
+        causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+        return self.dec(x, x, tgt_mask=causal, tgt_is_causal=True)
+
+
+def decoder_padded(block: DecoderBlock, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    causal = nn.Transformer.generate_square_subsequent_mask(x.shape[1])
+    pad = ~mask
+    out = block.dec(x, x, tgt_mask=causal, tgt_is_causal=True, tgt_key_padding_mask=pad, memory_key_padding_mask=pad)
+    return out * mask[..., None]
+
+
 def batches(model: str, n: int, seed: int = 0) -> list[list[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     sizes = [4, 2, 7, 16, 3, 9, 12, 5, 8, 6][:n]
@@ -106,6 +130,9 @@ def make(model: str, backend: str):
     elif model == "triangle":
         net = TriangleBlock()
         padded_fn = lambda x, m: triangle_padded(net, x, m)  # noqa: E731
+    elif model == "decoder":
+        net = DecoderBlock()
+        padded_fn = lambda x, m: decoder_padded(net, x, m)  # noqa: E731
     else:
         net = nn.TransformerEncoderLayer(64, 4, 256, dropout=0.0, batch_first=True)
         padded_fn = lambda x, m: net(x, src_key_padding_mask=~m) * m[..., None]  # noqa: E731
