@@ -2,9 +2,15 @@
 
 The CPU attention path (``per_sample`` in :mod:`padless.ops.attention`) slices every
 sample's rows with host offsets, which a compiled graph cannot do (the offsets are
-runtime data there). Under tracing, attention without masks, mods or dropout calls
-``padless::packed_sdpa`` instead: a ``torch.library`` custom op over the packed rows and
-their offsets. Its fake implementation only says "output rows = query rows", so the
+runtime data there). Under tracing, attention calls a ``torch.library`` custom op over
+the packed rows and their offsets instead (:func:`traced_attention` picks it):
+``padless::packed_sdpa_fwd`` without masks, dropout or grouped-query heads (below), and
+``padless::packed_sdpa_general_fwd`` with them (see "masks, dropout, GQA" further down:
+per-sample masks travel as packed rows + offsets, dropout draws what eager draws under
+the same seed, the backward recomputes each sample). ``mask_mod``/``score_mod`` are
+refused under compile with an error naming the fix (build the mask as a NestedTensor).
+
+The first op: Its fake implementation only says "output rows = query rows", so the
 compiler never needs the offsets' values; its real implementation runs torch's SDPA on
 each sample's rows (the same kernel as eager), reading the offsets as ordinary host
 data at run time. The backward is a second custom op: torch's fused CPU flash
