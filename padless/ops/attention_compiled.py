@@ -10,7 +10,7 @@ per-sample masks travel as packed rows + offsets, dropout draws what eager draws
 the same seed, the backward recomputes each sample). ``mask_mod``/``score_mod`` are
 refused under compile with an error naming the fix (build the mask as a NestedTensor).
 
-The first op: Its fake implementation only says "output rows = query rows", so the
+The first op's fake implementation only says "output rows = query rows", so the
 compiler never needs the offsets' values; its real implementation runs torch's SDPA on
 each sample's rows (the same kernel as eager), reading the offsets as ordinary host
 data at run time. The backward is a second custom op: torch's fused CPU flash
