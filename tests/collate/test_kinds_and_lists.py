@@ -137,3 +137,13 @@ def test_cu_seqlens_past_int32_rows_is_refused_naming_the_field():
     assert int32_offsets(np.array([0, 3, INT32_MAX]), "ids").tolist() == [0, 3, INT32_MAX]
     with pytest.raises(padless.StructureError, match=r"field 'ids' has 2147483651 rows in this batch, more than int32"):
         int32_offsets(np.array([0, 3, 2**31 + 3]), "ids")
+
+
+def test_numpy_values_of_one_type_but_two_kinds_are_still_refused():
+    """Samples of one Python type skip the per-sample kind check only when the type decides the
+    kind; a numpy array's kind depends on its dtype (text vs numbers), so it is still checked."""
+    samples = [{"x": np.array(["a", "b"])}, {"x": np.array([1, 2])}]
+    with pytest.raises(TypeError, match=r"field 'x': sample 1 is a ndarray, sample 0 is a ndarray; every sample of a field needs the same kind"):
+        padless.collate(samples)
+    out = padless.collate([{"x": np.float32(1.5), "n": 1}, {"x": np.float32(2.5), "n": 2}])
+    assert out["x"].dtype == torch.float32 and out["n"].tolist() == [1, 2]
