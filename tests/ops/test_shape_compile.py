@@ -7,7 +7,7 @@ lengths change, with empty samples; compiled outputs (values, sizes, envelope) a
 gradients are compared with eager, and eager is compared with the dense op on each sample.
 Batches start at B >= 2 with a largest extent >= 2 (Dynamo specialises sizes 0 and 1);
 a one-sample batch runs after the graph count is checked (in the ``gather`` test).
-aot_eager everywhere, inductor in one test (``PADLESS_COMPILE_INDUCTOR=1``: all 8 batches).
+aot_eager by default; ``PADLESS_COMPILE_INDUCTOR=1`` runs the ``like=`` round trip on inductor.
 """
 
 from __future__ import annotations
@@ -242,8 +242,9 @@ def test_to_padded_every_spelling_is_b_by_max_n_symbolic():
     torch.testing.assert_close(f(x)[0], want)
 
 
-def test_from_padded_like_round_trip_inductor():
-    """``from_padded(dense(x.to_padded()), like=x)`` keeps x's rows: it adds to x in one graph."""
+def test_from_padded_like_round_trip():
+    """``from_padded(dense(x.to_padded()), like=x)`` keeps x's rows: it adds to x in one graph.
+    aot_eager here; ``PADLESS_COMPILE_INDUCTOR=1`` runs it on inductor (12 s on this CPU)."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(4, 4)
 
@@ -253,8 +254,7 @@ def test_from_padded_like_round_trip_inductor():
     def make(g, b):
         return (_leaf(_seq(g, b)),)
 
-    backend = "inductor"
-    _check(f, make, backend=backend, sizes=SIZES if INDUCTOR else SIZES[:2])
+    _check(f, make, backend="inductor" if INDUCTOR else "aot_eager")
     (x,) = make(torch.Generator().manual_seed(0), 3)
     assert_close_samples(f(x), [lin(s).tanh() + s for s in x.unbind()], atol=1e-6, rtol=1e-5)
 
