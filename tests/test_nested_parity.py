@@ -361,3 +361,21 @@ def test_from_jagged_with_holes_in_compiled_graph_refused(_capture_scalars):
     f = torch.compile(lambda v: nested.nested_tensor_from_jagged(v, offsets, lengths) * 2, backend="aot_eager", fullgraph=True)
     with pytest.raises(Exception, match=r"nested_tensor_from_jagged\(\): offsets together with lengths \(holes\) inside torch.compile"):
         f(torch.randn(5, 3))
+
+
+@pytest.mark.parametrize("call", ["chunk", "split", "split_sections"])
+def test_splitting_the_ragged_dim_raises_runtime_error_like_njt(call):
+    """NJT refuses to split its ragged dim with a RuntimeError; code catching that must catch
+    padless's refusal too (a StructureError is both a ValueError and a RuntimeError)."""
+    samples = [torch.randn(3, 4), torch.randn(5, 4)]
+    ops = {
+        "chunk": lambda t: t.chunk(2, dim=1),
+        "split": lambda t: t.split(2, dim=1),
+        "split_sections": lambda t: torch.split(t, [1, 2], dim=1),
+    }
+    njt = torch.nested.nested_tensor(samples, layout=torch.jagged)
+    with pytest.raises(RuntimeError):
+        ops[call](njt)
+    nt = nested.nested_tensor(samples, layout=torch.jagged)
+    with pytest.raises(padless.StructureError, match=r"dim 1 is ragged.*use narrow\(1, start, length\)"):
+        ops[call](nt)

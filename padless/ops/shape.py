@@ -112,8 +112,9 @@ def static_changed(nt: NestedTensor, sdim: int, extent: int) -> list[DimSpec]:
     return dims
 
 
-def _ragged_error(op: str, nt: NestedTensor, odim: int, why: str) -> ValueError:
-    return ValueError(
+def _ragged_error(op: str, nt: NestedTensor, odim: int, why: str) -> StructureError:
+    """A structure error (both ValueError and RuntimeError, as torch.nested code expects)."""
+    return StructureError(
         f"{op}(): dim {odim} is ragged; {why} (ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)})"
     )
 
