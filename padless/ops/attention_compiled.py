@@ -28,12 +28,11 @@ Layout (rows of ``(..., L_i, E)`` samples, the sequence dim ragged)::
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from padless.tensor.traced import autograd_inside_op
 
 
 def _sample_view(rows: Tensor) -> Tensor:
@@ -203,18 +202,6 @@ def _rng_bytes(device: torch.device, dropout_p: float) -> int:
     return _RNG_BYTES[device.type]
 
 
-@contextlib.contextmanager
-def _autograd_inside_op() -> Iterator[None]:
-    """Re-enable autograd inside a custom op's implementation (the dispatcher runs it with the
-    autograd keys excluded), for the backward's per-sample recompute; autocast stays off."""
-    keys = torch._C.DispatchKey
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
-        exclude = exclude.remove(key)
-    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
-        yield
-
-
 _MASK_MSG = "scaled_dot_product_attention(): attn_mask sample {i} has shape {shape}, expected (..., {lq}, {lk}) (query length x key length of that sample)"
 
 
@@ -287,7 +274,7 @@ def packed_sdpa_general_backward(
     try:
         for i, (qs, qe, ks, ke) in enumerate(bounds):
             leaves = [t.detach().requires_grad_() for t in (q[qs:qe], k[ks:ke], v[ks:ke])]
-            with _autograd_inside_op():
+            with autograd_inside_op():
                 mi = None
                 if mask is not None:
                     rows = mask[mo[i]:mo[i + 1]].detach()

@@ -27,12 +27,13 @@ sample dims 0 and 2) with ``N = 2`` and one head::
 
 from __future__ import annotations
 
-import contextlib
-from typing import Iterator, Sequence
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from padless.tensor.traced import autograd_inside_op
 
 
 def _inverse(order: Sequence[int]) -> list[int]:
@@ -114,18 +115,6 @@ def _operands(q, k, v, mask, keep, offsets, sizes, orders) -> tuple[_Operands, i
     return _Operands(ts, offsets, sizes, orders), jm, jk
 
 
-@contextlib.contextmanager
-def _autograd_inside_op() -> Iterator[None]:
-    """Autograd back on inside a custom op's implementation (the dispatcher runs it below the
-    autograd keys), for the backward's per-sample recompute."""
-    keys = torch._C.DispatchKey
-    exclude = torch._C._dispatch_tls_local_exclude_set()
-    for key in (keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
-        exclude = exclude.remove(key)
-    with torch._C._ForceDispatchKeyGuard(torch._C._dispatch_tls_local_include_set(), exclude), torch.enable_grad():
-        yield
-
-
 @torch.library.custom_op("padless::ragged_sdpa", mutates_args=())
 def ragged_sdpa(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, keep: Tensor | None,
@@ -177,7 +166,7 @@ def ragged_sdpa_backward(
         mi = None if jm is None else ops.sample(jm, i).detach()
         if mask_grad:
             mi.requires_grad_()
-        with _autograd_inside_op():
+        with autograd_inside_op():
             oi = sample_sdpa(*leaves, mi, None if jk is None else ops.sample(jk, i), 0.0, is_causal, scale, enable_gqa)
             wrt = leaves + ([mi] if mask_grad else [])
             gs = torch.autograd.grad(oi, wrt, ops.sample(0, i, grad), allow_unused=True)

@@ -43,10 +43,9 @@ from __future__ import annotations
 
 import ast
 import collections
-import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 from torch import Tensor
@@ -62,6 +61,7 @@ from padless.tensor.core import (
     register_carried,
 )
 from padless.tensor.errors import StructureError
+from padless.tensor.traced import autograd_inside_op
 
 __all__ = ["AxisMap", "prepare_images_for_compile", "image_island"]
 
@@ -309,18 +309,6 @@ def _eager_input(v: Tensor, sizes: Tensor, offsets: Tensor, ragged: Sequence[int
     return nested_from_values(v, offsets, sizes, tuple(ragged), env, meta)
 
 
-@contextlib.contextmanager
-def _autograd_inside_op() -> Iterator[None]:
-    """Autograd back on inside a custom op's implementation (which runs below the autograd
-    dispatch keys), for the recomputed vector-Jacobian products of the backward island."""
-    inc = torch._C._dispatch_tls_local_include_set()
-    exc = torch._C._dispatch_tls_local_exclude_set()
-    for k in (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality):
-        exc = exc.remove(k)
-    with torch._C._ForceDispatchKeyGuard(inc, exc), torch.enable_grad():
-        yield
-
-
 @torch.library.custom_op("padless::image_island", mutates_args=())
 def image_island(
     name: str, spec: str, v: Tensor, sizes: Tensor, offsets: Tensor, ragged: list[int], tensors: list[Tensor],
@@ -356,7 +344,7 @@ def image_island_backward(
     if custom is not None:
         got = custom(_eager_input(*nt_args), list(tensors), _spec(spec), grad, needs)
     else:
-        with _autograd_inside_op():
+        with autograd_inside_op():
             leaves = [t.detach().requires_grad_(n) for t, n in zip([v, *tensors], needs)]
             nt = _eager_input(leaves[0], *nt_args[1:])
             out = _FORWARD[name](nt, leaves[1:], _spec(spec))

@@ -26,6 +26,9 @@ Example: the envelope of ``torch.cat([x, y], dim=1)`` for samples ``(L_i, C)`` a
 
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import Tensor
 
@@ -175,3 +178,22 @@ def row_range(offsets: Tensor, lo: int, hi: int) -> Tensor:
 def _row_range_fake(offsets: Tensor, lo: int, hi: int) -> Tensor:
     n = torch.library.get_ctx().new_dynamic_size()
     return offsets.new_empty((n,), dtype=torch.int64)
+
+
+@contextlib.contextmanager
+def autograd_inside_op() -> Iterator[None]:
+    """Autograd back on inside a ``torch.library.custom_op`` implementation.
+
+    The dispatcher runs a custom op's implementation below the autograd dispatch keys (they
+    are in the thread's exclude set), so a backward op that recomputes its forward per sample
+    and differentiates it (attention with dropout or masks, row attention, the image islands)
+    must take them out of the exclude set again for the recompute. This uses torch's private
+    ``_ForceDispatchKeyGuard``; it is the one place padless does.
+    """
+    keys = torch._C.DispatchKey
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set()
+    for key in (keys.ADInplaceOrView, keys.AutogradFunctionality, keys.AutogradOther, keys.AutogradNestedTensor):
+        exclude = exclude.remove(key)
+    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.enable_grad():
+        yield
