@@ -34,9 +34,11 @@ Layout of the maps for images ``(3, 5, 7)`` and ``(3, 2, 2)`` prepared with
 
     image_rows_h1p1d2_w1p1d2   [0 0 0 0 0 0 0 0 0 0 0 0 1]     sample id of every pixel
 
-A layer whose level has no map raises under ``torch.compile``, naming the level and the
-``prepare_for_compile`` call that provides it. Batches not prepared at all compile
-stride-1 networks (and every op that keeps or multiplies the row count) as they are.
+A plain image batch (host sizes known) that enters a compiled graph without maps gets the
+default levels ``ceil(n / s)`` for ``s`` in 2..32 (:func:`auto_image_maps`, run when the batch
+is flattened for the graph), so ResNet-style CNNs compile with no preparation step. A layer
+whose level has no map raises under ``torch.compile``, naming the level and the
+``prepare_for_compile`` call that provides it.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from padless.tensor.core import (
     StructureMeta,
     _weak_dynamic,
     envelope_from_sizes,
+    register_auto_carrier,
     register_carried,
 )
 from padless.tensor.errors import StructureError
@@ -165,8 +168,12 @@ def _as_level(op: str, entry: Any) -> Level:
     )
 
 
+#: The strided levels a ResNet-style CNN reaches (``ceil(n / s)``), carried by default.
+DEFAULT_STRIDES = (2, 4, 8, 16, 32)
+
+
 def prepare_images_for_compile(
-    images: NestedTensor, strides: Iterable[Any] = (2, 4, 8, 16, 32), levels: Iterable[Any] = ()
+    images: NestedTensor, strides: Iterable[Any] = DEFAULT_STRIDES, levels: Iterable[Any] = ()
 ) -> NestedTensor:
     """Carry, on ``images``' structure, the row maps of the image sizes a compiled CNN reaches.
 
@@ -192,6 +199,18 @@ def prepare_images_for_compile(
         name = register_carried(map_name(level))
         images._meta.derived[(name, dev)] = ids
     return images
+
+
+@register_auto_carrier
+def auto_image_maps(nt: NestedTensor) -> None:
+    """Give a real image batch ``(C, H_i, W_i)`` (ragged dims 1 and 2) that enters a compiled
+    graph without maps the default strided levels of :func:`prepare_images_for_compile`, so a
+    CNN compiles without a preparation step. Runs from ``__tensor_flatten__`` only (never
+    eagerly otherwise); does nothing for other layouts, for batches without host sizes (no
+    sync is paid) or when the batch already carries image maps (an explicit call wins)."""
+    if nt.sample_dim != 3 or nt._ragged != (1, 2) or nt._meta.host_sizes is None or _maps(nt):
+        return
+    prepare_images_for_compile(nt, DEFAULT_STRIDES)
 
 
 def level_of(nt: NestedTensor) -> Level | None:

@@ -126,7 +126,8 @@ def test_native_cnn_classifier_and_segmenter_train_in_one_graph(backend):
 
     batches = [(_sizes(i, b, 8, 28), i) for i, b in enumerate(BATCHES)]
     bufs = lambda: [b for n, b in mods.named_buffers() if "running" in n]  # noqa: E731
-    _check_against_eager(step, list(mods.parameters()), batches, prepare=prepare_for_compile, backend=backend,
+    # no preparation: the plain batches carry the default strided levels when they enter the graph
+    _check_against_eager(step, list(mods.parameters()), batches, prepare=lambda x: x, backend=backend,
                          dtype=torch.float64, atol=1e-9, rtol=1e-9, buffers=bufs)
 
 
@@ -239,9 +240,20 @@ def _traced(fn, x):
 
 
 def test_strided_layer_without_its_map_names_the_level_to_prepare():
+    x, _ = image_batch([(9, 12), (5, 7)])  # carries the default strides 2..32 on entry, not 3
+    with pytest.raises(Exception, match=r"carries no map 'image_rows_h1p2d3_w1p2d3'.*prepare_for_compile\(images, strides="):
+        _traced(lambda t: F.conv2d(t, torch.ones(2, 3, 3, 3), stride=3, padding=1), x)
+
+
+def test_a_plain_image_batch_carries_the_default_strided_levels_when_it_enters_a_graph():
     x, _ = image_batch([(9, 12), (5, 7)])
-    with pytest.raises(Exception, match=r"carries no map 'image_rows_h1p1d2_w1p1d2'.*prepare_for_compile\(images, strides="):
-        _traced(lambda t: F.conv2d(t, torch.ones(2, 3, 3, 3), stride=2, padding=1), x)
+    assert not any(isinstance(k, tuple) and str(k[0]).startswith("image_rows_") for k in x._meta.derived)
+    out = _traced(lambda t: F.conv2d(t, torch.ones(2, 3, 3, 3), stride=2, padding=1), x)
+    ref = F.conv2d(x, torch.ones(2, 3, 3, 3), stride=2, padding=1)
+    assert out.sizes().tolist() == ref.sizes().tolist() == [[2, 5, 6], [2, 3, 4]]
+    assert_close_samples(out, list(ref.unbind()))
+    names, _ = x.__tensor_flatten__()
+    assert "_image_rows_h1p1d2_w1p1d2" in names and "_image_rows_h1p31d32_w1p31d32" in names
 
 
 def test_ceil_mode_pooling_is_refused_under_compile():
