@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import padless
 from padless import nested
@@ -379,3 +380,46 @@ def test_splitting_the_ragged_dim_raises_runtime_error_like_njt(call):
     nt = nested.nested_tensor(samples, layout=torch.jagged)
     with pytest.raises(padless.StructureError, match=r"dim 1 is ragged.*use narrow\(1, start, length\)"):
         ops[call](nt)
+
+
+@pytest.mark.parametrize(
+    "shapes", [[(3, 4), (0, 4), (5, 4)], [(3, 2, 4), (5, 2, 4)], [(6, 4)]], ids=["with_empty", "3d", "one_sample"]
+)
+@pytest.mark.parametrize("affine", [False, True])
+def test_layer_norm_over_the_ragged_dim_normalises_each_sample(shapes, affine):
+    """``F.layer_norm(nt, nt.shape[1:])`` normalises every whole sample, as NJT does; values and
+    gradients equal ``F.layer_norm`` on each dense sample (weight/bias act on the last dim)."""
+    torch.manual_seed(0)
+    samples = [torch.randn(*s, dtype=torch.float64, requires_grad=True) for s in shapes]
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True) if affine else None
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True) if affine else None
+    nt = nested.as_nested_tensor(samples, layout=torch.jagged)
+    out = F.layer_norm(nt, nt.shape[1:], w, b)
+    assert isinstance(out, padless.NestedTensor) and out.sizes().tolist() == nt.sizes().tolist()
+    refs = []
+    for s in samples:
+        r = F.layer_norm(s, s.shape) if s.numel() else s * 1.0
+        refs.append(r * w + b if affine else r)
+    for got, want in zip(out.unbind(), refs):
+        torch.testing.assert_close(got, want)
+    grad = torch.randn_like(out.values())
+    leaves = samples + ([w, b] if affine else [])
+    got_g = torch.autograd.grad(out.values(), leaves, grad, allow_unused=True)
+    want_g = torch.autograd.grad(torch.cat([r.reshape(-1) for r in refs]), leaves, grad.reshape(-1), allow_unused=True)
+    for g, e in zip(got_g, want_g):
+        torch.testing.assert_close(g, e)
+    if len(shapes[0]) == 2 and not any(s[0] == 0 for s in shapes):  # NJT on the same input (no empty samples)
+        njt = torch.nested.as_nested_tensor([s.detach() for s in samples], layout=torch.jagged)
+        ref = F.layer_norm(njt, njt.shape[-2:], None if w is None else w.detach(), None if b is None else b.detach())
+        # NJT (torch 2.13) silently drops weight and bias here; padless applies them (pinned)
+        plain = F.layer_norm(nt.detach(), nt.shape[1:])
+        for got, want in zip(plain.unbind(), ref.unbind()):
+            torch.testing.assert_close(got, want)
+
+
+def test_layer_norm_over_the_ragged_dim_errors():
+    nt = nested.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)], layout=torch.jagged)
+    with pytest.raises(padless.StructureError, match=r"sample dim 1 \(static\) has envelope extent 4, normalized_shape gives 3"):
+        F.layer_norm(nt, (5, 3))
+    with pytest.raises(padless.StructureError, match=r"weight of shape \(5, 4\) must match the trailing static dims \(4,\)"):
+        F.layer_norm(nt, nt.shape[1:], torch.ones(5, 4))

@@ -1,7 +1,8 @@
 """Feature-wise layers: they act on the static tail of every row, so they run once on ``values``.
 
 ``F.linear`` / ``nn.Linear`` over the last dim, ``F.layer_norm`` / ``nn.LayerNorm``
-over trailing static dims, ``F.dropout``. The last sample dim must be static
+over trailing static dims (or over whole samples, ragged dims included, when
+``normalized_shape`` spans every sample dim, e.g. ``x.shape[1:]``), ``F.dropout``. The last sample dim must be static
 (a ragged last dim has no fixed feature size); the error says so.
 """
 
@@ -40,10 +41,56 @@ def linear(func, x: NestedTensor, weight: Tensor, bias: Tensor | None = None) ->
 
 @implements(F.layer_norm, accepts="packed, dense weight, dense bias")
 def layer_norm(func, x: NestedTensor, normalized_shape, weight=None, bias=None, eps: float = 1e-5) -> NestedTensor:
-    """Layer norm over trailing static dims (never over a ragged dim)."""
-    k = len(normalized_shape) if not isinstance(normalized_shape, int) else 1
-    _trailing_static("layer_norm", x, k)
+    """Layer norm over trailing static dims, or over whole samples when ``normalized_shape``
+    spans every sample dim including ragged ones (as torch.nested does for ``x.shape[-2:]``)."""
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    d = x.sample_dim
+    if len(shape) == d and any(j in x._ragged for j in range(d)):
+        return _whole_sample_layer_norm(x, shape, weight, bias, eps)
+    _trailing_static("layer_norm", x, len(shape))
     return rewrap(F.layer_norm(values_of(x), normalized_shape, weight, bias, eps), x)
+
+
+def _whole_sample_layer_norm(x: NestedTensor, shape: tuple, weight, bias, eps: float) -> NestedTensor:
+    """Normalise every sample over all of its elements (mean and biased variance per sample);
+    ``weight``/``bias`` act on the trailing static dims, as torch.nested accepts them."""
+    op = "layer_norm"
+    env = x._env
+    for j, (want, got) in enumerate(zip(env, shape)):
+        if int(got) != int(want):
+            kind = "ragged" if j in x._ragged else "static"
+            raise StructureError(
+                f"{op}(): normalized_shape {tuple(int(s) for s in shape)} does not match the samples: sample dim {j} "
+                f"({kind}) has envelope extent {want}, normalized_shape gives {got}; pass x.shape[1:] to "
+                "normalise each whole sample"
+            )
+    v = values_of(x)
+    static = tuple(v.shape[1:])
+    for name, t in (("weight", weight), ("bias", bias)):
+        if t is None:
+            continue
+        if isinstance(t, NestedTensor) or t.dim() > len(static) or tuple(t.shape) != static[len(static) - t.dim():]:
+            raise StructureError(
+                f"{op}(): {name} of shape {tuple(t.shape)} must match the trailing static dims {static} when "
+                "normalized_shape spans a ragged dim (it is applied to every row)"
+            )
+    d, ns = x.sample_dim, v.dim() - 1
+    if ns and x.storage_order[-ns:] != tuple(range(d - ns, d)):
+        raise StructureError(f"{op}(): the static dims must be stored last to apply weight/bias; call x.contiguous() first")
+    acc = torch.float32 if v.dtype in (torch.float16, torch.bfloat16) else v.dtype
+    rows = v.reshape(v.shape[0], -1).to(acc)
+    sid = x.row_sample_ids()
+    per_row = rows.shape[1]
+    count = ((x._offsets[1:] - x._offsets[:-1]) * per_row).to(acc).clamp_min(1)
+    mean = rows.new_zeros(x.batch_size).index_add(0, sid, rows.sum(1)) / count
+    centered = rows - mean.index_select(0, sid).unsqueeze(1)
+    var = rows.new_zeros(x.batch_size).index_add(0, sid, centered.square().sum(1)) / count
+    out = (centered * torch.rsqrt(var + eps).index_select(0, sid).unsqueeze(1)).to(v.dtype).reshape(v.shape)
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return rewrap(out, x)
 
 
 @implements(F.dropout, accepts="packed")
