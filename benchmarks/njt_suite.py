@@ -21,7 +21,8 @@ Each runs twice with pytest:
   (``nested_tensor``, ``as_nested_tensor``, ``nested_tensor_from_jagged``, ``narrow``,
   ``to_padded_tensor``, ``masked_select``) to ``padless.nested``, gives padless tensors NJT's
   private attribute names (``_ragged_idx``, ``_lengths``, ``_metadata_cache``,
-  ``_max_seqlen``/``_min_seqlen``, ``_get_max_seqlen()``/``_get_min_seqlen()``), lets
+  ``_max_seqlen``/``_min_seqlen``, ``_max/_min_seqlen_tensor`` (None: no cached tensors),
+  ``_get_max_seqlen()``/``_get_min_seqlen()``), lets
   ``assertEqualIgnoringNestedInts`` compare padless tensors sample by sample, and drops NJT's
   sample xfail rules (they describe NJT's own bugs: a padless OpInfo test passes only when
   every sample passes). ``--strict`` drops the rules for the NJT run too.
@@ -90,7 +91,8 @@ if os.environ.get("PADLESS_SHIM") == "1":
         return {k: v for k, v in (("max_seqlen", _max(self)), ("min_seqlen", _min(self))) if v is not None}
 
     for _attr, _fn in (("_ragged_idx", _ragged_idx), ("_max_seqlen", _max), ("_min_seqlen", _min),
-                       ("_metadata_cache", _cache), ("_lengths", lambda self: None)):
+                       ("_metadata_cache", _cache), ("_lengths", lambda self: None),
+                       ("_max_seqlen_tensor", lambda self: None), ("_min_seqlen_tensor", lambda self: None)):
         if not hasattr(_PNT, _attr):
             setattr(_PNT, _attr, property(_fn))
     if not hasattr(_PNT, "_get_max_seqlen"):
