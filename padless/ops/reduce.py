@@ -38,15 +38,20 @@ from padless.tensor.registry import implements
 # ---------------------------------------------------------------------------- dims
 
 
-def _dims(nt: NestedTensor, dim, op: str) -> list[int] | None:
-    """Outer dims -> sorted sample dims; None means every element."""
+def _outer_dims(nt: NestedTensor, dim, op: str) -> list[int] | None:
+    """``dim`` (an int, a sequence, or None/empty for every dim) as sorted outer dims."""
     if dim is None:
         return None
     dims = [dim] if isinstance(dim, int) else list(dim)
     if not dims:
         return None
-    outer = sorted({outer_dim(nt, d, op) for d in dims})
-    if outer == list(range(nt.sample_dim + 1)):
+    return sorted({outer_dim(nt, d, op) for d in dims})
+
+
+def _dims(nt: NestedTensor, dim, op: str) -> list[int] | None:
+    """Outer dims -> sorted sample dims; None means every element."""
+    outer = _outer_dims(nt, dim, op)
+    if outer is None or outer == list(range(nt.sample_dim + 1)):
         return None
     if 0 in outer:
         raise StructureError(
@@ -60,13 +65,8 @@ def _dims(nt: NestedTensor, dim, op: str) -> list[int] | None:
 def _batch_reduced(nt: NestedTensor, dim, op: str) -> list[int] | None:
     """Outer dims when ``dim`` names the batch dim and every ragged dim (the rows of all
     samples pooled together); None otherwise."""
-    if dim is None:
-        return None
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    if not dims:
-        return None
-    outer = sorted({outer_dim(nt, d, op) for d in dims})
-    if 0 not in outer or any(r + 1 not in outer for r in nt._ragged):
+    outer = _outer_dims(nt, dim, op)
+    if outer is None or 0 not in outer or any(r + 1 not in outer for r in nt._ragged):
         return None
     return outer
 
