@@ -96,7 +96,7 @@ def permute(func, nt: NestedTensor, *dims) -> NestedTensor:
         dims = tuple(dims[0])
     n = nt.sample_dim + 1
     if len(dims) != n:
-        raise ValueError(f"permute(): expected {n} dims (batch included), got {tuple(dims)}")
+        raise StructureError(f"permute(): expected {n} dims (batch included), got {tuple(dims)}")
     outer = [outer_dim(nt, d, "permute") for d in dims]
     if sorted(outer) != list(range(n)):
         raise StructureError(f"permute(): dims {tuple(dims)} are not a permutation of 0..{n - 1}")

@@ -8,9 +8,12 @@ pow, their in-place and backward variants...) runs once on the packed
 * a scalar or 0-d tensor -> itself;
 * a dense tensor that broadcasts against the static tail, e.g. ``(C,)`` against
   samples ``(L_i, C)`` -> a view over the static dims;
-* a dense tensor with a per-sample batch dim, e.g. ``(B, 1, C)`` -> gathered per row.
+* a dense tensor with a per-sample batch dim, e.g. ``(B, 1, C)`` -> gathered per row;
+* during backward only, a dense tensor of exactly the envelope shape: the zeros autograd
+  makes for a custom Function's unused output, read as a padded batch
+  (:func:`_engine_zeros_rows`).
 
-A dense operand that spans a ragged dim (size > 1 there) has no per-sample
+Any other dense operand that spans a ragged dim (size > 1 there) has no per-sample
 meaning and is refused with a message naming the dim.
 
 Because these run below autograd, backward formulas of pointwise ops are
@@ -53,6 +56,8 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
     aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
     for r in ref._ragged:
         if aligned[1 + r] != 1:
+            if _in_backward() and tuple(d.shape) == tuple(ref.shape):
+                return _engine_zeros_rows(opname, d, ref)
             raise StructureError(
                 f"{opname}(): a dense operand of shape {tuple(d.shape)} spans ragged dim {r + 1} "
                 f"(size {aligned[1 + r]}); a dense tensor can only broadcast over ragged dims with "
@@ -69,6 +74,34 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
             f"the NestedTensor has {ref.batch_size} samples"
         )
     return rows.index_select(0, ref.row_sample_ids())
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass (in this thread)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _engine_zeros_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
+    """During backward, a dense operand of exactly ``ref``'s envelope shape is read as a
+    padded batch: each sample reads its own leading corner (``from_padded(d, like=ref)``).
+
+    This is what the autograd engine hands a custom ``autograd.Function`` for an output whose
+    gradient is None: zeros of the output's ``shape``, dense, because padless tensors are not
+    C++ nested tensors (torch builds NJT zeros with ``zeros_like`` only for those). NJT code
+    such as ``return grad_out1 + grad_out2`` in a backward then works unchanged. Outside a
+    backward pass such an operand is refused as before (``from_padded(d, like=nt)`` is the
+    explicit form), and so is one that requires grad, which autograd would give a packed
+    gradient.
+    """
+    if d.requires_grad:
+        raise StructureError(
+            f"{opname}(): a dense operand of the envelope shape {tuple(d.shape)} that requires grad; "
+            "autograd cannot hand a packed gradient to a dense tensor. Convert it first: "
+            "padless.from_padded(dense, like=nt)"
+        )
+    from padless.tensor.convert import pack_like
+
+    return pack_like(d, ref)._values
 
 
 @functools.lru_cache(maxsize=None)

@@ -756,7 +756,7 @@ def _layout_msg(a: NestedTensor, b: NestedTensor) -> str:
 def check_same_structure(opname: str, a: NestedTensor, b: NestedTensor) -> None:
     msg = _structure_mismatch(a, b, opname)
     if msg is not None:
-        raise ValueError(f"{opname}(): ragged structures differ: {msg}")
+        raise StructureError(f"{opname}(): ragged structures differ: {msg}")
 
 
 # ---------------------------------------------------------------------------- generic aten path

@@ -1,0 +1,131 @@
+"""torch.nested (NJT) behaviours found by running PyTorch's own NJT subclass tests on padless
+(``benchmarks/njt_suite.py``), each compared with torch's real NJT sample by sample.
+
+Covered: the gradient a custom ``autograd.Function`` receives for an output nobody used
+(autograd makes dense zeros of the envelope shape for padless tensors), and mistakes NJT
+reports with a ``RuntimeError`` that padless must report with one too (``StructureError``
+is both a ``ValueError`` and a ``RuntimeError``).
+"""
+
+import pytest
+import torch
+
+import padless
+from padless import nested
+
+# Ragged (j, 4) samples: an empty sample in the middle, the one-sample batch, and (j, 2, 4).
+BATCHES = {"mixed": [(3, 4), (0, 4), (2, 4)], "one": [(5, 4)], "3d": [(2, 2, 4), (4, 2, 4)]}
+
+
+def _samples(shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g) for s in shapes]
+
+
+def _pair(samples, requires_grad=False):
+    pl = nested.nested_tensor([s.clone() for s in samples], requires_grad=requires_grad)
+    njt = torch.nested.nested_tensor([s.clone() for s in samples], layout=torch.jagged, requires_grad=requires_grad)
+    return pl, njt
+
+
+def _same(pl, njt):
+    a, b = list(pl.unbind()), list(njt.unbind())
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.shape == y.shape
+        torch.testing.assert_close(x, y)
+
+
+class _TwoOutputs(torch.autograd.Function):
+    """Two outputs; the backward adds both incoming gradients, in the order given."""
+
+    @staticmethod
+    def forward(ctx, inp, dense_first):
+        ctx.dense_first = dense_first
+        return inp + 1, inp * 2
+
+    @staticmethod
+    def backward(ctx, g1, g2):
+        return (g2 + g1 if ctx.dense_first else g1 + g2), None
+
+
+@pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("used", [0, 1])
+def test_custom_function_unused_output_gets_zero_gradient(batch, used):
+    """NJT: only one output of a custom Function is used, so autograd materialises zeros for the
+    other one's gradient and the backward adds them. padless receives dense zeros of the
+    output's envelope shape there (padless tensors are not C++ nested tensors); during backward
+    they are read as a padded batch, so the input gradient equals NJT's, sample by sample."""
+    samples = _samples(BATCHES[batch], seed=1)
+    pl, njt = _pair(samples, requires_grad=True)
+    for x in (pl, njt):
+        out = _TwoOutputs.apply(x, used == 1)[used]
+        out.backward(out.detach() * 0 + 3)
+    _same(pl.grad, njt.grad)
+
+
+def test_custom_function_unused_output_two_ragged_dims():
+    """The same with images (C, H_i, W_i), two ragged dims (NJT has one ragged dim, so the
+    reference is the dense Function on each sample)."""
+    samples = [torch.randn(2, 3, 5), torch.randn(2, 4, 1), torch.randn(2, 1, 2)]
+    x = padless.from_list(samples, ragged_dims=(1, 2)).requires_grad_()
+    out = _TwoOutputs.apply(x, True)[0]
+    out.backward(out.detach() * 0 + 3)
+    for g, s in zip(x.grad.unbind(), samples):
+        d = s.clone().requires_grad_()
+        _TwoOutputs.apply(d, True)[0].backward(torch.full_like(s, 3.0))
+        torch.testing.assert_close(g, d.grad)
+
+
+def test_dense_envelope_operand_outside_backward_is_refused():
+    """Outside a backward pass a dense tensor spanning the ragged dim stays refused (the
+    explicit form is ``padless.from_padded(dense, like=x)``)."""
+    x = nested.nested_tensor(_samples([(3, 4), (2, 4)]))
+    with pytest.raises(padless.StructureError, match=r"add\(\): a dense operand of shape \(2, 3, 4\) spans ragged dim 1"):
+        x + torch.zeros(x.shape)
+
+
+class _AddsDenseLeaf(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inp):
+        return inp * 2
+
+    @staticmethod
+    def backward(ctx, g):
+        return g + torch.zeros(g.shape, requires_grad=True)
+
+
+def test_dense_envelope_operand_requiring_grad_in_backward_is_refused():
+    """A padded dense operand that requires grad would get a packed gradient: refused."""
+    x = nested.nested_tensor(_samples([(3, 4), (2, 4)]), requires_grad=True)
+    out = _AddsDenseLeaf.apply(x)
+    msg = r"add\(\): a dense operand of the envelope shape \(2, 3, 4\) that requires grad;.*from_padded\(dense, like=nt\)"
+    with pytest.raises(padless.StructureError, match=msg):
+        out.backward(out.detach())
+
+
+def test_copy_between_different_layouts_raises_runtime_error():
+    """NJT: ``a.transpose(1, 2).copy_(b)`` raises a RuntimeError; padless's refusal is one too."""
+    samples = _samples([(2, 3), (2, 3)])
+    pl, njt = _pair(samples)
+    with pytest.raises(RuntimeError):
+        njt.clone().transpose(1, 2).copy_(njt)
+    with pytest.raises(RuntimeError, match=r"copy_\(\): ragged structures differ: ragged dims differ"):
+        pl.clone().transpose(1, 2).copy_(pl)
+    dst = pl * 0
+    dst.copy_(pl)  # same structure: copies, as NJT does
+    _same(dst, njt)
+
+
+def test_permute_wrong_number_of_dims_raises_value_and_runtime_error():
+    """``permute`` with too few dims: NJT raises a ValueError, dense torch a RuntimeError;
+    padless's StructureError is caught by either clause."""
+    pl, njt = _pair(_samples([(2, 3, 4), (1, 3, 4)]))
+    with pytest.raises(ValueError):
+        njt.permute(0, 2, 1)
+    with pytest.raises(RuntimeError):
+        torch.randn(2, 3, 3, 4).permute(0, 2, 1)
+    msg = r"permute\(\): expected 4 dims \(batch included\), got \(0, 2, 1\)"
+    for err in (ValueError, RuntimeError):
+        with pytest.raises(err, match=msg):
+            pl.permute(0, 2, 1)
