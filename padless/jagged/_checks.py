@@ -8,6 +8,15 @@ the lengths, a few microseconds, instead of a handful of small torch ops.
 What is accepted follows TorchRec: empty lengths/offsets of any dtype and shape (no
 slices), ``values`` with more rows than the lengths use (the tail is ignored), and
 per-row weights ``(T,)`` next to values ``(T, D)``.
+
+What TorchRec also accepts but cannot be read (lengths that need more rows than the
+values hold, negative lengths, offsets that decrease or do not start at 0, weights of
+another shape, per-key lists that disagree with the lengths) is a *fault*: the checks
+return its message instead of raising, the jagged type keeps it, and only what reads
+values through the structure (``to_dict``, ``to_dense``, padding, pooling, printing,
+``validate()``) raises it as a ``StructureError``. What only passes the tensors along
+(``lengths()``, ``offsets()``, the per-key lists, ``sync()``, ``to()``, ``concat``)
+works, as in TorchRec.
 """
 
 from __future__ import annotations
@@ -84,52 +93,57 @@ def _np(t: Tensor) -> np.ndarray:
     return t.numpy() if t.dim() == 1 and not t.requires_grad else t.detach().reshape(-1).numpy()
 
 
-def host_offsets(what: str, lengths: Tensor | None, offsets: Tensor | None, total: int) -> Tensor | None:
-    """Validated int64 CPU offsets ``(B+1,)`` from host lengths and/or offsets; None if neither is on the host.
+def host_offsets(
+    what: str, lengths: Tensor | None, offsets: Tensor | None, total: int
+) -> tuple[Tensor | None, str | None]:
+    """Int64 CPU offsets ``(B+1,)`` from host lengths and/or offsets (None if neither is on
+    the host), and the fault found, if any (never raised here: see the module note).
 
-    Lengths must be >= 0, offsets start at 0 and never decrease, both agree when both
-    are given, and they may use at most the ``total`` rows of values (more rows are
-    allowed and ignored, as in TorchRec).
+    Sound structure: lengths >= 0, offsets from 0 and never decreasing, both agreeing when
+    both are given, at most the ``total`` rows of values used (more rows are allowed and
+    ignored, as in TorchRec). With a fault, the offsets are still what TorchRec derives
+    (the cumsum of the lengths when given, else the offsets as they are).
     """
     host: np.ndarray | None = None
+    fault: str | None = None
     if lengths is not None and is_host(lengths):
         ln = _np(lengths) if lengths.numel() else np.zeros(0, np.int64)
         if ln.size and ln.min() < 0:
-            raise _negative(what, ln)
+            fault = _negative(what, ln)
         host = _cumsum(ln)
     if offsets is not None and is_host(offsets):
         of = _np(offsets).astype(np.int64, copy=False) if offsets.numel() else np.zeros(1, np.int64)
-        if of[0] != 0:
-            raise StructureError(f"{what}: offsets must start at 0, got offsets[0] = {int(of[0])}")
         d = np.diff(of)
-        if d.size and d.min() < 0:
+        if fault is not None:
+            pass
+        elif of[0] != 0:
+            fault = f"{what}: offsets must start at 0, got offsets[0] = {int(of[0])}"
+        elif d.size and d.min() < 0:
             i = int(np.flatnonzero(d < 0)[0])
-            raise StructureError(
+            fault = (
                 f"{what}: offsets must not decrease, but offsets[{i}] = {int(of[i])} > "
                 f"offsets[{i + 1}] = {int(of[i + 1])}"
             )
-        if host is not None and not np.array_equal(of, host):
-            raise StructureError(
-                f"{what}: lengths and offsets disagree: offsets {of.tolist()}, cumsum of lengths {host.tolist()}"
-            )
-        host = of
+        elif host is not None and not np.array_equal(of, host):
+            fault = f"{what}: lengths and offsets disagree: offsets {of.tolist()}, cumsum of lengths {host.tolist()}"
+        if host is None:
+            host = of
     if host is None:
-        return None
-    if int(host[-1]) > total:
-        raise _too_short(what, int(host[-1]), total)
-    return torch.from_numpy(host if host.flags.c_contiguous and host.flags.writeable else host.copy())
+        return None, None
+    if fault is None and int(host[-1]) > total:
+        fault = _too_short(what, int(host[-1]), total)
+    return torch.from_numpy(host if host.flags.c_contiguous and host.flags.writeable else host.copy()), fault
 
 
-def key_offsets(what: str, lengths: Tensor, keys: int, stride: int, total: int) -> list[int]:
-    """``offset_per_key`` of a fixed-batch KJT from its host lengths ``(keys * stride,)``,
-    validated as ``host_offsets`` validates them: one min and one row sum, no cumsum."""
+def key_offsets(what: str, lengths: Tensor, keys: int, stride: int, total: int) -> tuple[list[int], str | None]:
+    """``offset_per_key`` of a fixed-batch KJT from its host lengths ``(keys * stride,)`` and
+    the fault found (as ``host_offsets`` finds them): one min and one row sum, no cumsum."""
     ln = _np(lengths)
-    if ln.min() < 0:
-        raise _negative(what, ln)
+    fault = _negative(what, ln) if ln.min() < 0 else None
     opk = cumsum_list(ln.reshape(keys, stride).sum(1).tolist())
-    if opk[-1] > total:
-        raise _too_short(what, opk[-1], total)
-    return opk
+    if fault is None and opk[-1] > total:
+        fault = _too_short(what, opk[-1], total)
+    return opk, fault
 
 
 def cumsum_host(lengths: Tensor) -> Tensor:
@@ -144,29 +158,38 @@ def _cumsum(ln: np.ndarray) -> np.ndarray:
     return host
 
 
-def _negative(what: str, ln: np.ndarray) -> StructureError:
+def _negative(what: str, ln: np.ndarray) -> str:
     i = int(np.flatnonzero(ln < 0)[0])
-    return StructureError(f"{what}: lengths must be >= 0, but lengths[{i}] = {int(ln[i])}")
+    return f"{what}: lengths must be >= 0, but lengths[{i}] = {int(ln[i])}"
 
 
-def _too_short(what: str, covered: int, total: int) -> StructureError:
-    return StructureError(
+def _too_short(what: str, covered: int, total: int) -> str:
+    return (
         f"{what}: the lengths cover {covered} rows but values has only {total}; "
         "values must hold at least sum(lengths) rows"
     )
 
 
-def check_weights(what: str, weights: Tensor | None, values: Tensor) -> None:
-    """Weights have the shape of values, or one weight per row ``(T,)`` (a shape test: never a sync)."""
+def weights_fault(what: str, weights: Tensor | None, values: Tensor) -> str | None:
+    """The fault of weights that have neither the shape of values nor one weight per row
+    ``(T,)`` (a shape test: never a sync); a weights argument that is no tensor raises."""
     if weights is None:
-        return
+        return None
     if not isinstance(weights, Tensor):
         raise TypeError(f"{what}: weights must be a tensor or None, got {type(weights).__name__}")
     if weights.shape != values.shape and tuple(weights.shape) != tuple(values.shape[:1]):
-        raise StructureError(
+        return (
             f"{what}: weights must have the shape of values or one weight per row, got weights "
             f"{tuple(weights.shape)} and values {tuple(values.shape)}"
         )
+    return None
+
+
+def check_weights(what: str, weights: Tensor | None, values: Tensor) -> None:
+    """``weights_fault`` raised at once (for constructors that read the weights right away)."""
+    fault = weights_fault(what, weights, values)
+    if fault is not None:
+        raise StructureError(fault)
 
 
 def used(t: Tensor | None, end: int | None) -> Tensor | None:
@@ -206,7 +229,13 @@ def record(t: Tensor | None, stream: torch.cuda.Stream) -> None:
 
 
 def values_string(values: Tensor, start: int, end: int) -> str:
-    """``[v0, v1, ...]`` of rows ``start:end`` (rows of a 2-D values print as lists), as TorchRec prints."""
+    """``[v0, v1, ...]`` of rows ``start:end`` (rows of a 2-D values print as lists), as TorchRec
+    prints; values of more dims raise a ``ValueError``, as TorchRec's ``str()`` does."""
+    if values.dim() > 2:
+        raise ValueError(
+            f"str(): values of shape {tuple(values.shape)} have more than 2 dims, which are not printed "
+            "(as in TorchRec); use repr() for a summary, or to_dense() for the contents"
+        )
     return _fmt(values[start:end].tolist())
 
 

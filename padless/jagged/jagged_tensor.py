@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -38,14 +38,16 @@ class JaggedTensor:
     cached. Accessors say what they cost: ``lengths()``/``offsets()`` compute (no
     sync) and cache, ``*_or_none()`` never compute.
 
-    Construction is lazy, as in TorchRec: it checks types and shapes only. The
-    structure of host (CPU) lengths/offsets (lengths >= 0, offsets from 0 and never
-    decreasing, the two agreeing, values long enough) is validated the first time it is
-    needed (``offsets()``/``lengths()`` derived from the other, ``to_dense()``,
-    ``to_padded_dense()``, ``to(device)``, ...), or at once with ``validate()``; an
-    invalid structure raises there with the same message. A host copy of the offsets is
-    kept from then on, so nothing waits on a device after ``to(device)``. Tensors given
-    on a device are trusted (never read back), as in TorchRec.
+    Construction is lazy, as in TorchRec: it checks types and ranks only. The structure
+    of host (CPU) lengths/offsets (lengths >= 0, offsets from 0 and never decreasing, the
+    two agreeing, values long enough) and the weights' shape are checked the first time
+    values are read through them (``to_dense()``, ``to_padded_dense()``, ``to_nested()``,
+    ``str()``, pooling, ``host_offsets()``), or at once with ``validate()``; an invalid
+    structure raises there, every time, with the same message. What TorchRec accepts
+    without reading values (``lengths()``, ``offsets()``, ``to(device)``, ``pin_memory()``)
+    works on it, and the fault travels with the moved copy. A host copy of valid offsets
+    is kept, so nothing waits on a device after ``to(device)``. Tensors given on a device
+    are trusted (never read back), as in TorchRec.
 
     >>> jt = JaggedTensor(values=torch.tensor([1., 2, 3, 4, 5, 6, 7, 8]),
     ...                   offsets=torch.tensor([0, 2, 2, 3, 4, 5, 8]))
@@ -55,7 +57,7 @@ class JaggedTensor:
     [[1.0, 2.0], [], [3.0], [4.0], [5.0], [6.0, 7.0, 8.0]]
     """
 
-    __slots__ = ("_values", "_weights", "_lengths", "_offsets", "_host_offsets", "_unchecked")
+    __slots__ = ("_values", "_weights", "_lengths", "_offsets", "_host_offsets", "_unchecked", "_fault")
 
     def __init__(
         self,
@@ -71,7 +73,7 @@ class JaggedTensor:
             raise ValueError(f"{what}: values must have a row dim (T, *static), got a 0-d tensor")
         if lengths is None and offsets is None:
             raise ValueError(f"{what}: pass lengths= or offsets= (or both)")
-        C.check_weights(what, weights, values)
+        fault = C.weights_fault(what, weights, values)
         if lengths is not None:
             C.check_int(what, "lengths", lengths)
         if offsets is not None:
@@ -85,7 +87,8 @@ class JaggedTensor:
         self._lengths = lengths
         self._offsets = offsets
         self._host_offsets: Tensor | None = None
-        self._unchecked = True  # the structure checks run on first need (``_host()``)
+        self._unchecked = True  # the structure checks run on first need (``_scan()``)
+        self._fault: str | None = fault  # what makes values unreadable (raised by readers), if anything
 
     @classmethod
     def _make(
@@ -101,15 +104,25 @@ class JaggedTensor:
         jt._values, jt._weights, jt._lengths, jt._offsets = values, weights, lengths, offsets
         jt._host_offsets = host_offsets
         jt._unchecked = False
+        jt._fault = None
         return jt
 
+    def _scan(self) -> None:
+        """Run the checks construction defers, once: valid host offsets are kept, a fault is
+        recorded (not raised: see ``_host``)."""
+        host, fault = C.host_offsets("JaggedTensor", self._lengths, self._offsets, self._values.shape[0])
+        self._fault = self._fault or fault
+        self._host_offsets = host if self._fault is None else None
+        self._unchecked = False
+
     def _host(self) -> Tensor | None:
-        """Host offsets when known or readable without a sync (None for device-built tensors).
-        The first call on a host-built JaggedTensor validates its structure (the checks
-        construction defers); an invalid one raises here, every time it is asked."""
+        """Host offsets when known or readable without a sync (None for device-built tensors),
+        for what reads values through them. The first call on a host-built JaggedTensor checks
+        its structure; an invalid one raises here, every time it is asked."""
         if self._unchecked:
-            self._host_offsets = C.host_offsets("JaggedTensor", self._lengths, self._offsets, self._values.shape[0])
-            self._unchecked = False
+            self._scan()
+        if self._fault is not None:
+            raise StructureError(self._fault)
         return self._host_offsets
 
     def validate(self) -> "JaggedTensor":
@@ -135,7 +148,7 @@ class JaggedTensor:
     def lengths(self) -> Tensor:
         """Slice lengths ``(B,)``; derived from offsets on their device (no sync) and cached."""
         if self._unchecked:
-            self._host()  # host tensors are checked on first use
+            self._scan()  # checked on the tensors given, before a derived one is cached (never raises)
         if self._lengths is None:
             off = self._require(self._offsets)
             self._lengths = C.lengths_from_offsets(off) if off.numel() else off.new_empty(0)
@@ -153,7 +166,7 @@ class JaggedTensor:
     def offsets(self) -> Tensor:
         """Offsets ``(B+1,)``; derived from lengths on their device (no sync) and cached."""
         if self._unchecked:
-            self._host()  # host tensors are checked on first use
+            self._scan()  # checked on the tensors given, before a derived one is cached (never raises)
         if self._offsets is None:
             self._offsets = C.offsets_from_lengths(self._require(self._lengths))
         return self._offsets
@@ -383,25 +396,21 @@ class JaggedTensor:
     # ------------------------------------------------------------------ moves
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "JaggedTensor":
-        """Move every tensor; the host offsets travel with it (no later sync)."""
-        self._host()
-        return JaggedTensor._make(
-            self._values.to(device, non_blocking=non_blocking),
-            C.move(self._weights, device, non_blocking),
-            C.move(self._lengths, device, non_blocking),
-            C.move(self._offsets, device, non_blocking),
-            self._host_offsets,
-        )
+        """Move every tensor; the host offsets (or the structure's fault) travel with it, so
+        nothing syncs later."""
+        return self._moved(lambda t: C.move(t, device, non_blocking))
 
     def pin_memory(self) -> "JaggedTensor":
-        self._host()
-        return JaggedTensor._make(
-            C.pin(self._values),  # type: ignore[arg-type]
-            C.pin(self._weights),
-            C.pin(self._lengths),
-            C.pin(self._offsets),
-            self._host_offsets,
+        return self._moved(C.pin)
+
+    def _moved(self, f: Callable[[Tensor | None], Tensor | None]) -> "JaggedTensor":
+        if self._unchecked:
+            self._scan()
+        out = JaggedTensor._make(
+            f(self._values), f(self._weights), f(self._lengths), f(self._offsets), self._host_offsets  # type: ignore[arg-type]
         )
+        out._fault = self._fault
+        return out
 
     def record_stream(self, stream: torch.cuda.Stream) -> None:
         for t in (self._values, self._weights, self._lengths, self._offsets):

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from padless.jagged import _checks as C
-from padless.jagged import kjt_combine
+from padless.jagged import kjt_checks, kjt_combine
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.tensor.errors import StructureError
 
@@ -37,12 +37,15 @@ class KeyedJaggedTensor:
     (``stride_per_key() == [2, 3]``, ``stride() == 3``, the largest).
 
     Construction is lazy, as in TorchRec: the constructor checks types, counts and
-    strides only. What reads host lengths/offsets (lengths >= 0, offsets from 0 and never
-    decreasing, the two agreeing, ``values`` long enough, given per-key lists matching)
-    is checked on first use: ``lengths()``/``offsets()``, the per-key lists, ``sync()``,
-    ``to_dict()``, ``permute``/``split``/``concat``, ``to(device)``, printing; or at once
-    with ``validate()`` (``padless.jagged.validate``). An invalid KJT raises there with
-    the same message, each time it is used. Tensors on a device are trusted, as in TorchRec.
+    strides only. The structure (lengths >= 0, offsets from 0 and never decreasing, the
+    two agreeing, ``values`` long enough, weights of the values' shape, given per-key
+    lists matching) is checked on first use, and what TorchRec accepts, padless accepts:
+    a KJT with a fault still gives ``lengths()``/``offsets()``, the per-key lists (as
+    TorchRec derives them), ``sync()``, ``to(device)``, ``pin_memory()`` and ``concat``;
+    what reads values through the structure (``to_dict()``, ``[key]``, ``permute``,
+    ``split``, printing, pooling) raises a ``StructureError`` naming the fault, each time,
+    as ``validate()`` (``padless.jagged.validate``) does at once. Tensors on a device are
+    trusted, as in TorchRec.
 
     What costs what: ``length_per_key()``/``offset_per_key()`` are host lists. They come
     free when given, for a KJT built from host tensors (one min and one per-key sum of the
@@ -69,6 +72,7 @@ class KeyedJaggedTensor:
         "_pending",
         "_jt_dict",
         "_inverse_indices",
+        "_fault",
     )
 
     def __init__(
@@ -97,7 +101,7 @@ class KeyedJaggedTensor:
             raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
         if values.dim() < 1:
             raise ValueError(f"{what}: values must have a row dim, got a 0-d tensor")
-        C.check_weights(what, weights, values)
+        fault = C.weights_fault(what, weights, values)  # kept, raised by what reads values
         total = values.shape[0]
         if lengths is not None:
             C.check_int(what, "lengths", lengths)
@@ -159,43 +163,23 @@ class KeyedJaggedTensor:
                 raise StructureError(
                     f"{what}: lengths_offset_per_key {list(lengths_offset_per_key)} disagrees with the strides (which give {lop})"
                 )
-        self._length_per_key: list[int] | None = None
-        self._offset_per_key: list[int] | None = None
-        blame = ""  # which per-key list the user gave, named if it disagrees with the lengths
-        if length_per_key is not None:
-            lpk = [int(x) for x in length_per_key]
-            if len(lpk) != len(keys):
-                raise StructureError(
-                    f"{what}: keys and length_per_key disagree: {len(keys)} keys, {len(lpk)} lengths {lpk}"
-                )
-            if sum(lpk) > total:
-                raise StructureError(f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {total} rows")
-            self._length_per_key = lpk
-            blame = "length_per_key"
-        if offset_per_key is not None:
-            opk = [int(x) for x in offset_per_key]
-            if len(opk) != len(keys) + 1 or opk[0] != 0 or opk[-1] > total:
-                raise StructureError(
-                    f"{what}: offset_per_key must have len(keys) + 1 = {len(keys) + 1} entries from 0 to at most "
-                    f"{total}, got {opk}"
-                )
-            self._offset_per_key = opk
-            blame = blame or "offset_per_key"
-        if self._length_per_key is not None and self._offset_per_key is None:
-            self._offset_per_key = C.cumsum_list(self._length_per_key)
-        elif self._offset_per_key is not None and self._length_per_key is None:
-            o = self._offset_per_key
-            self._length_per_key = [b - a for a, b in zip(o[:-1], o[1:])]
+        lpk = opk = None
+        blame = ""  # the given per-key list the deferred check compares with the lengths
+        if length_per_key is not None or offset_per_key is not None:
+            lpk, opk, blame, bad = kjt_checks.given_lists(len(keys), total, length_per_key, offset_per_key)
+            fault = fault or bad
+        self._length_per_key: list[int] | None = lpk
+        self._offset_per_key: list[int] | None = opk
         # the checks that read host lengths/offsets run on first need (``_host()``), as TorchRec defers them
         self._pending: str | None = blame
+        self._fault: str | None = fault
         self._index_per_key = dict(index_per_key) if index_per_key is not None else None
         self._jt_dict = dict(jt_dict) if jt_dict is not None else None
 
-    def _host(self) -> Tensor | None:
-        """Host bag offsets when known or readable without a sync (None for a KJT built from
-        device tensors). The first call on a host-built KJT runs the structure checks that
-        construction defers and fills ``length_per_key``/``offset_per_key``; an invalid
-        structure raises here, every time it is asked."""
+    def _sound_host(self) -> Tensor | None:
+        """Host bag offsets when known or readable without a sync; None for a KJT built from
+        device tensors and for one whose structure has a fault. The first call on a host-built
+        KJT runs the checks construction defers and fills ``length_per_key``/``offset_per_key``."""
         if self._pending is not None:
             self._check()
             if self._pending == C.CHECKED:  # checked host lengths: the offsets are one cumsum
@@ -203,47 +187,28 @@ class KeyedJaggedTensor:
                 self._pending = None
         return self._host_offsets
 
+    def _host(self) -> Tensor | None:
+        """``_sound_host()`` for what reads values through the structure: a fault raises here,
+        every time it is asked."""
+        h = self._sound_host()
+        if self._fault is not None:
+            raise StructureError(self._fault)
+        return h
+
     def _unchecked(self) -> bool:
         return self._pending is not None and self._pending != C.CHECKED
 
     def _check(self) -> None:
-        """The structure checks construction defers; fills ``length_per_key``/``offset_per_key``.
-        Host lengths alone (the common case) take one min and one per-key sum, leaving the
-        bag offsets' cumsum to the first op that needs them."""
-        blame = self._pending
-        if blame is None or blame == C.CHECKED:
-            return
-        what = "KeyedJaggedTensor"
-        lengths, offsets = self._lengths, self._offsets
-        total = self._values.shape[0]
-        if (
-            offsets is None and lengths is not None and self._stride_per_key_per_rank is None
-            and lengths.numel() and lengths.device.type == "cpu"
-        ):
-            opk: list[int] | None = C.key_offsets(what, lengths, len(self._keys), self._stride, total)
-            host = None
-        else:
-            if lengths is None and offsets is None:
-                host = torch.zeros(1, dtype=torch.int64)
-            else:
-                host = C.host_offsets(what, lengths, offsets, total)
-            opk = None if host is None else host.numpy()[self.lengths_offset_per_key()].tolist()
-        if opk is not None:
-            if blame and self._offset_per_key != opk:
-                given = self._length_per_key if blame == "length_per_key" else self._offset_per_key
-                lpk = [b - a for a, b in zip(opk[:-1], opk[1:])]
-                raise StructureError(
-                    f"{what}: {blame} {given} disagrees with lengths (which give {lpk if blame == 'length_per_key' else opk})"
-                )
-            self._offset_per_key = opk
-            self._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
-        self._host_offsets = host
-        self._pending = C.CHECKED if opk is not None and host is None else None
+        """The structure checks construction defers (``kjt_checks.check``), once; never raises."""
+        if self._pending is not None and self._pending != C.CHECKED:
+            kjt_checks.check(self)
 
     def validate(self) -> "KeyedJaggedTensor":
         """Run the structure checks now (a no-op once done, and for tensors on a device, which
         are trusted); returns self. ``padless.jagged.validate(kjt)`` does the same."""
         self._check()
+        if self._fault is not None:
+            raise StructureError(self._fault)
         return self
 
     @classmethod
@@ -271,6 +236,7 @@ class KeyedJaggedTensor:
         k._index_per_key = None
         k._jt_dict = None
         k._inverse_indices = inverse_indices
+        k._fault = None
         return k
 
     # ------------------------------------------------------------------ constructors
@@ -354,7 +320,7 @@ class KeyedJaggedTensor:
                 torch.zeros(1, dtype=torch.int64),
             )
         inv = kjt._inverse_indices
-        return KeyedJaggedTensor._make(
+        out = KeyedJaggedTensor._make(
             list(kjt.keys()),
             torch.empty_like(kjt.values(), device=device),
             None if w is None else torch.empty_like(w, device=device),
@@ -364,9 +330,11 @@ class KeyedJaggedTensor:
             spkpr,
             kjt._length_per_key,
             kjt._offset_per_key,
-            kjt._host(),
+            kjt._sound_host(),
             None if inv is None else (inv[0], torch.empty_like(inv[1], device=device)),
         )
+        out._fault = kjt._fault  # uninitialised copies of a faulty structure are as unreadable
+        return out
 
     @staticmethod
     def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
@@ -391,7 +359,7 @@ class KeyedJaggedTensor:
 
     def lengths(self) -> Tensor:
         """Bag lengths, key-major ``(sum(stride_per_key()),)``; derived on device and cached."""
-        self._check()  # host tensors are checked on first use
+        self._check()  # checked on the tensors given, before a derived one is cached (never raises)
         if self._lengths is None:
             off = self._offsets
             if off is None:  # built with neither: no bags
@@ -407,14 +375,12 @@ class KeyedJaggedTensor:
         """Bag offsets ``(len(lengths()) + 1,)`` in the dtype of the lengths; derived without a sync
         (host lengths: from the host bag offsets, one numpy cumsum) and cached."""
         if self._offsets is None:
-            h = self._host()  # host tensors are checked on first use
+            h = self._sound_host()  # host tensors are checked on first use
             ln = self.lengths()
             if h is not None and ln.device.type == "cpu" and ln.dim() == 1:
                 self._offsets = h if ln.dtype == torch.int64 else h.to(ln.dtype)
             else:
                 self._offsets = C.offsets_from_lengths(ln)
-        else:
-            self._check()
         return self._offsets
 
     def offsets_or_none(self) -> Tensor | None:
@@ -511,7 +477,8 @@ class KeyedJaggedTensor:
                     lpk[0] += n % k
                 self._length_per_key, self._offset_per_key = lpk, C.cumsum_list(lpk)
                 return self
-            opk = self.host_offsets()[self.lengths_offset_per_key()].tolist()
+            hn = (self.host_offsets() if self._fault is None else self.offsets().to("cpu", torch.int64)).numpy()
+            opk = (hn[self.lengths_offset_per_key()] - hn[0]).tolist()
             self._offset_per_key = opk
             self._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
         return self
@@ -615,6 +582,7 @@ class KeyedJaggedTensor:
         """Keys reordered (or repeated, or dropped) as ``[keys[i] for i in indices]``; the
         batch size (``stride()``) is the parent's, as in TorchRec."""
         what = "KeyedJaggedTensor.permute"
+        self.validate()  # reads values through the structure: a fault raises
         n = len(self._keys)
         for i in indices:
             if not -n <= int(i) < n:
@@ -670,6 +638,7 @@ class KeyedJaggedTensor:
                 f"KeyedJaggedTensor.split: segments {list(segments)} must be >= 0 and sum to the "
                 f"{len(self._keys)} keys"
             )
+        self.validate()  # reads values through the structure: a fault raises
         opk = self.offset_per_key()
         lop = self.lengths_offset_per_key()
         variable = self.variable_stride_per_key()
@@ -710,9 +679,9 @@ class KeyedJaggedTensor:
     # ------------------------------------------------------------------ moves
 
     def _with(self, f: Callable[[Tensor | None], Tensor | None]) -> "KeyedJaggedTensor":
-        self._host()  # host metadata travels with the moved KJT (checked first)
+        host = self._sound_host()  # host metadata (or the structure's fault) travels with the moved KJT
         inv = self._inverse_indices
-        return KeyedJaggedTensor._make(
+        out = KeyedJaggedTensor._make(
             self._keys,
             f(self._values),  # type: ignore[arg-type]
             f(self._weights),
@@ -722,9 +691,11 @@ class KeyedJaggedTensor:
             self._stride_per_key_per_rank,
             self._length_per_key,
             self._offset_per_key,
-            self._host_offsets,
+            host,
             None if inv is None else (inv[0], f(inv[1])),  # type: ignore[arg-type]
         )
+        out._fault = self._fault
+        return out
 
     def to(
         self, device: torch.device | str, non_blocking: bool = False, dtype: torch.dtype | None = None

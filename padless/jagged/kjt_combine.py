@@ -22,7 +22,13 @@ if TYPE_CHECKING:
 
 def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
     """``KeyedJaggedTensor.concat``: the keys of every KJT, in order (same batch, or a
-    variable stride per key)."""
+    variable stride per key).
+
+    Each part contributes the rows its lengths use, so a part's unused tail is dropped
+    rather than shifted into the next part's keys. A part with a structure fault (its
+    lengths need more rows than its values hold, say: TorchRec accepts that, e.g. values
+    split at other points than the keys) is not read: then the parts' values are joined as
+    they are, as TorchRec joins them, and the result is checked as a whole on first use."""
     what = "KeyedJaggedTensor.concat"
     if not kjt_list:
         raise ValueError(f"{what}: needs at least one KeyedJaggedTensor")
@@ -38,10 +44,12 @@ def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
     lpk: list[int] | None = []
     keyed = []  # a KJT without keys has no batch size to agree on
     for k in kjt_list:
-        k._check()  # a part built lazily by the caller is checked here
+        k._check()  # a part built lazily by the caller is checked here (faults are kept, not raised)
+    faulty = any(k._fault is not None for k in kjt_list)
+    for k in kjt_list:
         keys += k._keys
         opk = k._offset_per_key
-        end = None if opk is None else opk[-1]  # rows it uses: its values may hold an unused tail
+        end = None if opk is None or faulty else opk[-1]  # rows it uses: its values may hold an unused tail
         ends.append(end)
         vals.append(C.used(k._values, end))
         if weighted[0]:
@@ -65,7 +73,7 @@ def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
         # parts checked and per-key lists known: the bag offsets are one cumsum, on first need
         pending = C.CHECKED if lpk is not None else ""
     elif None not in ends:
-        hos = [k._host() for k in kjt_list]
+        hos = [k._sound_host() for k in kjt_list]
         if all(h is not None for h in hos):
             host = join_host_offsets(hos, C.cumsum_list(ends))  # type: ignore[arg-type]
     spkpr = [r for k in kjt_list for r in k._per_key_ranks()] if variable else None
@@ -73,6 +81,11 @@ def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
     if all(k._inverse_indices is not None for k in kjt_list):
         invs = [k._inverse_indices for k in kjt_list]
         inv = ([x for i in invs for x in i[0]], torch.cat([i[1] for i in invs]))  # type: ignore[index]
+    if faulty:  # joined as TorchRec joins them; the whole is checked on first use
+        return type(kjt_list[0])(
+            keys, values, weights, lengths, stride=None if spkpr is not None else first._stride,
+            stride_per_key_per_rank=spkpr, length_per_key=lpk, inverse_indices=inv,
+        )
     out = type(kjt_list[0])._make(
         keys, values, weights, lengths, None,
         C.vbe_stride(spkpr, inv) if spkpr is not None else first._stride,
@@ -96,8 +109,8 @@ def from_jt_dict(
         raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
     lens, vals, ws, strides = [], [], [], []
     for jt in jts:
-        if jt._unchecked:  # built lazily by the caller: its deferred checks run now
-            jt._host()
+        if jt._unchecked:  # built lazily by the caller: its deferred checks run now (faults are kept)
+            jt._scan()
         ln = jt._lengths if jt._lengths is not None else jt.lengths()
         ln = ln if ln.dim() == 1 else ln.reshape(-1)
         lens.append(ln)
@@ -105,6 +118,12 @@ def from_jt_dict(
         vals.append(jt._values)
         ws.append(jt._weights)
     lengths = torch.cat(lens)
+    variable = force_variable_stride or strides.count(strides[0]) != len(strides)
+    spkpr = [[s] for s in strides] if variable else None
+    stride = max(strides) if variable else strides[0]
+    if any(jt._fault is not None for jt in jts):  # not read: joined as they are, checked as a whole on first use
+        weights = torch.cat(ws) if weighted[0] else None  # type: ignore[arg-type]
+        return cls(keys, torch.cat(vals), weights, lengths, stride=None if variable else stride, stride_per_key_per_rank=spkpr)
     # one pass over all keys' lengths gives the bag offsets and the rows each key uses
     host, ends = _bag_offsets(lengths, strides, [jt._host_offsets for jt in jts])
     if ends is not None and any(v.shape[0] != e for v, e in zip(vals, ends)):
@@ -112,9 +131,6 @@ def from_jt_dict(
         ws = [C.used(w, e) for w, e in zip(ws, ends)]  # type: ignore[misc]
     values = torch.cat(vals)
     weights = torch.cat(ws) if weighted[0] else None  # type: ignore[arg-type]
-    variable = force_variable_stride or strides.count(strides[0]) != len(strides)
-    spkpr = [[s] for s in strides] if variable else None
-    stride = max(strides) if variable else strides[0]
     opk = None if ends is None else C.cumsum_list(ends)
     kjt = cls._make(keys, values, weights, lengths, None, stride, spkpr, ends, opk, host)
     if ends is None:  # device lengths without host metadata: read them, as TorchRec's sync() does

@@ -83,7 +83,6 @@ def test_to_keeps_host_offsets_so_nothing_syncs():
 @pytest.mark.parametrize(
     "kwargs, match",
     [
-        (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), r"weights must have the shape of values or one weight per row, got weights \(3,\) and values \(4,\)"),
         (dict(values=torch.arange(4.0), lengths=torch.ones(2, 2, dtype=torch.int64)), r"lengths must be 1-D, got shape \(2, 2\)"),
         (dict(values=torch.arange(4.0)), "pass lengths= or offsets="),
         (dict(values=torch.arange(4.0), lengths=torch.tensor([2.0, 2.0])), "lengths must be an integer tensor"),
@@ -96,8 +95,10 @@ def test_validation_errors(kwargs, match):
         JaggedTensor(**kwargs)
 
 
-# the structure of host lengths/offsets: checked on first need (construction is lazy, as in TorchRec)
+# the structure of host lengths/offsets and the weights' shape: checked on first read (construction
+# is lazy, as in TorchRec); a fault raises in what reads values through the structure
 DEFERRED = [
+    (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), r"weights must have the shape of values or one weight per row, got weights \(3,\) and values \(4,\)"),
     (dict(values=torch.arange(3.0), lengths=torch.tensor([2, 2])), "the lengths cover 4 rows but values has only 3"),
     (dict(values=torch.arange(4.0), lengths=torch.tensor([5, -1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
     (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 3, 2, 4])), r"offsets must not decrease, but offsets\[1\] = 3 > offsets\[2\] = 2"),
@@ -111,10 +112,12 @@ FIRST_USES = {
     "to_dense": lambda jt: jt.to_dense(),
     "to_padded_dense": lambda jt: jt.to_padded_dense(),
     "host_offsets": lambda jt: jt.host_offsets(),
-    "to(meta)": lambda jt: jt.to("meta"),
     "to_nested": lambda jt: jt.to_nested(),
-    "lengths": lambda jt: jt.lengths(),
-    "offsets": lambda jt: jt.offsets(),
+    "str": str,
+    "embedding_bag": lambda jt: padless.jagged.embedding_bag(
+        JaggedTensor(jt.values().long(), jt.weights_or_none(), jt.lengths_or_none(), jt.offsets_or_none()), torch.ones(9, 2)
+    ),
+    "after to(meta)": lambda jt: jt.to("meta").to_dense(),  # the fault travels with the moved copy
 }
 
 
@@ -127,11 +130,31 @@ def test_structure_errors_on_first_use(kwargs, match, use):
             FIRST_USES[use](jt)
 
 
-def test_derived_lengths_and_offsets_are_validated_first():
-    with pytest.raises(padless.StructureError, match=r"lengths must be >= 0, but lengths\[1\] = -1"):
-        JaggedTensor(torch.arange(4.0), lengths=torch.tensor([5, -1])).offsets()
-    with pytest.raises(padless.StructureError, match=r"offsets must start at 0"):
-        JaggedTensor(torch.arange(4.0), offsets=torch.tensor([1, 2, 4])).lengths()
+@pytest.mark.parametrize("kwargs, match", DEFERRED)
+def test_a_fault_does_not_stop_what_torchrec_accepts(kwargs, match):
+    # TorchRec accepts these JaggedTensors; what only passes the tensors along works on them
+    jt = JaggedTensor(**kwargs)
+    lengths, offsets = kwargs.get("lengths"), kwargs.get("offsets")
+    if lengths is not None:
+        assert jt.lengths() is lengths and (offsets is not None or jt.offsets().tolist() == [0, *lengths.cumsum(0).tolist()])
+    if offsets is not None:
+        assert jt.offsets() is offsets and (lengths is not None or jt.lengths().tolist() == offsets.diff().tolist())
+    for moved in (jt.to("cpu"), jt.pin_memory() if torch.cuda.is_available() else jt.to("meta")):
+        assert moved.lengths().shape == jt.lengths().shape
+        with pytest.raises(padless.StructureError, match=match):  # still unreadable after the move
+            moved.validate()
+    assert jt.size_in_bytes() > 0 and "JaggedTensor(B=" in repr(jt)
+
+
+def test_str_of_values_with_more_than_2_dims_raises_as_in_torchrec():
+    three_d = JaggedTensor(torch.ones(4, 1, 3), lengths=torch.tensor([1, 0, 2, 0], dtype=torch.int32))
+    with pytest.raises(ValueError, match=r"str\(\): values of shape \(4, 1, 3\) have more than 2 dims, .* use repr\(\)"):
+        str(three_d)
+    assert "values=(4, 1, 3)" in repr(three_d)
+    assert str(JaggedTensor(torch.ones(0, 1, 3), lengths=torch.tensor([], dtype=torch.int32))) == "JaggedTensor({\n    []\n})\n"
+
+
+def test_structure_checks_pass_on_a_sound_jagged_tensor():
     ok = JaggedTensor(torch.arange(4.0), lengths=torch.tensor([1, 3]))
     assert ok.validate() is ok and padless.jagged.validate(ok) is ok and ok.offsets().tolist() == [0, 1, 4]
     # tensors on a device are trusted (never read back), as in TorchRec

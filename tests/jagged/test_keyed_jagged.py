@@ -150,15 +150,12 @@ def test_device_built_without_host_metadata_syncs_only_on_request():
     assert {k: j.values().shape[0] for k, j in kjt.to_dict().items()} == {"a": 2, "b": 1}
 
 
-# checked at construction: types, counts, strides and the shapes of given per-key lists (no data read)
+# checked at construction: types, counts and strides (no data read)
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1])), r"keys and lengths disagree: 3 lengths cannot be split evenly over 2 keys"),
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 1, 1]), stride=2), r"keys and lengths disagree: 1 keys x stride 2 = 2 lengths expected, got 3"),
-        (dict(keys=["a"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([3])), r"weights must have the shape of values or one weight per row, got weights \(2,\) and values \(3,\)"),
-        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[3]), r"keys and length_per_key disagree: 2 keys, 1 lengths \[3\]"),
-        (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 3]), r"length_per_key \[2, 3\] sums to 5 but values has 3 rows"),
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [1]]), "stride_per_key_per_rank has 2 entries but there are only 1 keys"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1]]), r"stride_per_key_per_rank \[\[1\]\] needs 1 lengths, got 2"),
         (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), stride_per_key_per_rank=[[1], [2]]), r"keys and lengths disagree: stride_per_key_per_rank \[\[1\], \[2\]\] needs 3 lengths, got 2"),
@@ -166,7 +163,6 @@ def test_device_built_without_host_metadata_syncs_only_on_request():
         (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), lengths_offset_per_key=[0, 2]), r"lengths_offset_per_key \[0, 2\] disagrees with the strides \(which give \[0, 1\]\)"),
         (dict(keys=[], values=torch.arange(3), lengths=torch.tensor([3])), "keys and lengths disagree: no keys but 1 lengths"),
         (dict(keys=[1], values=torch.arange(3), lengths=torch.tensor([3])), "keys must be strings"),
-        (dict(keys=["a"], values=torch.arange(3), lengths=torch.tensor([3]), offset_per_key=[0, 4]), r"offset_per_key must have len\(keys\) \+ 1 = 2 entries from 0 to at most 3"),
     ],
 )
 def test_validation_errors(kwargs, match):
@@ -174,8 +170,13 @@ def test_validation_errors(kwargs, match):
         KeyedJaggedTensor(**kwargs)
 
 
-# what reads host lengths/offsets is checked on first need (construction is lazy, as in TorchRec)
+# the structure is checked on first need (construction is lazy, as in TorchRec); a fault raises in
+# what reads values through it
 DEFERRED = [
+    (dict(keys=["a", "b"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([1, 2])), r"weights must have the shape of values or one weight per row, got weights \(2,\) and values \(3,\)"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[3]), r"keys and length_per_key disagree: 2 keys, 1 lengths \[3\]"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 3]), r"length_per_key \[2, 3\] sums to 5 but values has 3 rows"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), offset_per_key=[0, 4]), r"offset_per_key must have len\(keys\) \+ 1 = 3 entries from 0 to at most 3, got \[0, 4\]"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 3])), "the lengths cover 4 rows but values has only 3"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([2, -1, 1, 1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
     (dict(keys=["a", "b"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), r"offsets must not decrease, but offsets\[1\] = 2 > offsets\[2\] = 1"),
@@ -185,17 +186,14 @@ DEFERRED = [
 FIRST_USES = {
     "validate": lambda k: k.validate(),
     "padless.jagged.validate": padless.jagged.validate,
-    "sync": lambda k: k.sync(),
     "to_dict": lambda k: k.to_dict(),
     "getitem": lambda k: k["a"],
     "permute": lambda k: k.permute([1, 0]),
     "split": lambda k: k.split([1, 1]),
-    "concat": lambda k: KeyedJaggedTensor.concat([k, k]),
-    "to(meta)": lambda k: k.to("meta"),
     "host_offsets": lambda k: k.host_offsets(),
     "str": str,
-    "lengths": lambda k: k.lengths(),
-    "offsets": lambda k: k.offsets(),
+    "embedding_bag": lambda k: padless.jagged.embedding_bag(k, torch.ones(9, 2)),
+    "after to(meta)": lambda k: k.to("meta").to_dict(),  # the fault travels with the moved copy
 }
 
 
@@ -208,11 +206,66 @@ def test_structure_errors_on_first_use(kwargs, match, use):
             FIRST_USES[use](kjt)
 
 
+@pytest.mark.parametrize("kwargs, match", DEFERRED)
+def test_a_fault_does_not_stop_what_torchrec_accepts(kwargs, match):
+    # TorchRec accepts these KJTs; what only passes the tensors along works on them, as there
+    kjt = KeyedJaggedTensor(**kwargs)
+    lengths, offsets = kwargs.get("lengths"), kwargs.get("offsets")
+    assert kjt.lengths().tolist() == (lengths.tolist() if lengths is not None else offsets.diff().tolist())
+    assert kjt.offsets().tolist() == (offsets.tolist() if offsets is not None else [0, *lengths.cumsum(0).tolist()])
+    # per-key lists: as given, else TorchRec's per-key sums of the lengths
+    opk = kwargs.get("offset_per_key")
+    lpk = kwargs.get("length_per_key") or (opk and torch.tensor(opk).diff().tolist()) or kjt.lengths().view(2, -1).sum(1).tolist()
+    assert kjt.sync() is kjt and kjt.length_per_key() == lpk
+    assert kjt.offset_per_key() == (opk or [0, *torch.tensor(lpk).cumsum(0).tolist()])
+    moved = kjt.to("meta")
+    assert moved.keys() == kjt.keys() and moved.length_per_key() == kjt.length_per_key()
+    c = KeyedJaggedTensor(["c"], torch.arange(kjt.stride()), torch.ones(kjt.stride()) if "weights" in kwargs else None, lengths=torch.ones(kjt.stride(), dtype=torch.int64))
+    both = KeyedJaggedTensor.concat([kjt, c])  # joined as they are, as TorchRec joins them
+    assert torch.equal(both.values(), torch.cat([kjt.values(), c.values()])) and both.keys() == ["a", "b", "c"]
+    with pytest.raises(padless.StructureError, match=match):
+        kjt.validate()
+    with pytest.raises(padless.StructureError, match="KeyedJaggedTensor: "):  # the joined KJT is faulty too
+        both.validate()
+
+
+def test_concat_of_a_short_part_joins_the_values_as_they_are():
+    # values split at other points than the keys (TorchRec's own concat test): each part alone is
+    # unreadable (the first has a tail, the second is short), the joined KJT is sound
+    values = torch.arange(1.0, 10.0)
+    lengths = torch.tensor([0, 2, 0, 1, 1, 1, 0, 3, 0, 0, 1, 0], dtype=torch.int32)
+    parts = [
+        KeyedJaggedTensor.from_lengths_sync(["a"], values[:4], lengths[:4]),
+        KeyedJaggedTensor.from_lengths_sync(["b", "c"], values[4:], lengths[4:]),
+    ]
+    with pytest.raises(padless.StructureError, match="the lengths cover 6 rows but values has only 5"):
+        parts[1].to_dict()
+    cat = KeyedJaggedTensor.concat(parts)
+    whole = KeyedJaggedTensor.from_lengths_sync(["a", "b", "c"], values, lengths)
+    assert torch.equal(cat.values(), values) and torch.equal(cat.offsets(), whole.offsets())
+    assert cat.length_per_key() == whole.length_per_key() == [3, 5, 1]
+    assert {k: [t.tolist() for t in j.to_dense()] for k, j in cat.to_dict().items()} == {
+        k: [t.tolist() for t in j.to_dense()] for k, j in whole.to_dict().items()
+    }
+    jts = {"a": JaggedTensor(values[:4], lengths=lengths[:4]), "b": JaggedTensor(values[4:8], lengths=lengths[4:8])}
+    joined = KeyedJaggedTensor.from_jt_dict(jts)  # "b" is short: joined as they are, as TorchRec joins them
+    assert torch.equal(joined.values(), values[:8]) and joined.validate().length_per_key() == [3, 5]
+
+
+def test_given_per_key_lists_stay_as_given():
+    # TorchRec keeps them (and compares them in kjt_is_equal); padless raises only where values are read
+    kjt = KeyedJaggedTensor(["a", "b"], torch.arange(8.0), offsets=torch.tensor([0, 0, 2, 2, 3, 4, 5, 5, 8]), length_per_key=[4, 4], offset_per_key=[0, 4])
+    assert kjt.sync().length_per_key() == [4, 4] and kjt.offset_per_key() == [0, 4]
+    with pytest.raises(padless.StructureError, match=r"offset_per_key must have len\(keys\) \+ 1 = 3 entries"):
+        kjt["a"]
+
+
 def test_derived_lengths_and_offsets_are_checked_first():
-    with pytest.raises(padless.StructureError, match=r"lengths must be >= 0, but lengths\[1\] = -1"):
-        KeyedJaggedTensor(["a"], torch.arange(3), lengths=torch.tensor([4, -1])).offsets()
+    # the check reads the tensors given, so a derived one never changes the fault reported
+    k = KeyedJaggedTensor(["a"], torch.arange(3), offsets=torch.tensor([0, 2, 1]))
+    assert k.lengths().tolist() == [2, -1]
     with pytest.raises(padless.StructureError, match=r"offsets must not decrease"):
-        KeyedJaggedTensor(["a"], torch.arange(3), offsets=torch.tensor([0, 2, 1])).lengths()
+        k.validate()
     # tensors on a device are trusted (never read back), as in TorchRec
     meta = KeyedJaggedTensor(["a"], torch.empty(3, device="meta"), lengths=torch.empty(2, dtype=torch.int64, device="meta"))
     assert meta.validate() is meta and meta.length_per_key_or_none() is None
@@ -220,8 +273,10 @@ def test_derived_lengths_and_offsets_are_checked_first():
 
 def test_from_jt_dict_checks_lazily_built_jagged_tensors():
     bad = {"a": JaggedTensor(torch.arange(3), lengths=torch.tensor([2, 2]))}
+    kjt = KeyedJaggedTensor.from_jt_dict(bad)  # accepted, as TorchRec accepts it; reading it raises
+    assert kjt.length_per_key() == [4] and kjt.lengths().tolist() == [2, 2]
     with pytest.raises(padless.StructureError, match="the lengths cover 4 rows but values has only 3"):
-        KeyedJaggedTensor.from_jt_dict(bad)
+        kjt.to_dict()
 
 
 def test_from_jt_dict_weight_mismatch():

@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.utils._pytree as pytree
 
+import padless
 import padless.jagged as pj
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -121,3 +122,46 @@ def test_round_trip_with_torchrec_objects(trj):
     assert torch.equal(trj.KeyedTensor.regroup([kt.to_torchrec()], [["b", "a"]])[0], KeyedTensor.regroup([kt], [["b", "a"]])[0])
     # TorchRec's own regroup helpers accept padless KeyedTensors (they call the private _key_indices)
     assert torch.equal(trj._regroup_keyed_tensors([kt], [["b", "a"]])[0], KeyedTensor.regroup([kt], [["b", "a"]])[0])
+
+
+# inputs TorchRec accepts though their values cannot be read through the structure: padless accepts
+# them too, for everything that only passes the tensors along (values are read only by to_dict & co.)
+ACCEPTED = {
+    "lengths need more rows": lambda m: m.KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.arange(8.0), torch.arange(1, 9, dtype=torch.int32)),
+    "offsets decrease": lambda m: m.KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(8.0), torch.tensor([8, 4, 1, 5, 0, 1, 2, 1, 2], dtype=torch.int32)),
+    "weights of another shape": lambda m: m.KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(8), torch.tensor([0, 2, 2, 3, 4, 5, 8]), weights=torch.arange(80)),
+    "given per-key lists": lambda m: m.KeyedJaggedTensor(
+        ["a", "b"], torch.arange(8.0), offsets=torch.tensor([0, 0, 2, 2, 3, 4, 5, 5, 8], dtype=torch.int32), length_per_key=[4, 4], offset_per_key=[0, 4],
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(ACCEPTED))
+def test_accepts_what_torchrec_accepts(trj, case):
+    def state(k):
+        k = k.to(torch.device("cpu"))
+        k.sync()
+        return _read([k.keys(), k.values(), k.weights_or_none(), k.lengths(), k.offsets(), k.stride(), k.length_per_key(), k.offset_per_key()])
+
+    ours, theirs = ACCEPTED[case](pj), ACCEPTED[case](trj)
+    assert state(ours) == state(theirs)
+    with pytest.raises(padless.StructureError, match="KeyedJaggedTensor: "):
+        ours.validate()  # still refused where values would be read
+
+
+def test_concat_of_parts_split_off_the_keys(trj):
+    values, lengths = torch.arange(1.0, 10.0), torch.tensor([0, 2, 0, 1, 1, 1, 0, 3, 0, 0, 1, 0], dtype=torch.int32)
+
+    def cat(m):
+        return m.KeyedJaggedTensor.concat([
+            m.KeyedJaggedTensor.from_lengths_sync(["a"], values[:4], lengths[:4]),
+            m.KeyedJaggedTensor.from_lengths_sync(["b", "c"], values[4:], lengths[4:]),
+        ])
+
+    assert _kjt_state(cat(pj)) == _kjt_state(cat(trj))
+
+
+def test_str_of_3d_values_raises_as_in_torchrec(trj):
+    for m in (pj, trj):
+        with pytest.raises(ValueError):
+            str(m.JaggedTensor(torch.ones(4, 1, 3), lengths=torch.tensor([1, 0, 2, 0], dtype=torch.int32)))
