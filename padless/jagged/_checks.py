@@ -46,10 +46,16 @@ def is_host(t: Tensor | None) -> bool:
     return t is not None and t.device.type == "cpu"
 
 
+def offsets_dtype(lengths: Tensor) -> torch.dtype:
+    """The dtype of offsets derived from ``lengths``: theirs, or int64 for the empty float
+    lengths TorchRec accepts (``torch.tensor([[], []])``), so offsets are always integers."""
+    return torch.int64 if lengths.is_floating_point() else lengths.dtype
+
+
 def offsets_from_lengths(lengths: Tensor) -> Tensor:
-    """``[0, cumsum(lengths)...]`` in the dtype and on the device of ``lengths`` (no sync)."""
+    """``[0, cumsum(lengths)...]`` in the dtype (``offsets_dtype``) and on the device of ``lengths`` (no sync)."""
     lengths = lengths.reshape(-1)
-    out = torch.zeros(lengths.numel() + 1, dtype=lengths.dtype, device=lengths.device)
+    out = torch.zeros(lengths.numel() + 1, dtype=offsets_dtype(lengths), device=lengths.device)
     torch.cumsum(lengths, 0, out=out[1:])
     return out
 

@@ -378,7 +378,7 @@ class KeyedJaggedTensor:
             h = self._sound_host()  # host tensors are checked on first use
             ln = self.lengths()
             if h is not None and ln.device.type == "cpu" and ln.dim() == 1:
-                self._offsets = h if ln.dtype == torch.int64 else h.to(ln.dtype)
+                self._offsets = h if ln.dtype == torch.int64 else h.to(C.offsets_dtype(ln))
             else:
                 self._offsets = C.offsets_from_lengths(ln)
         return self._offsets
@@ -557,7 +557,7 @@ class KeyedJaggedTensor:
                 per = torch.from_numpy(_per_key_offsets(h.numpy(), n, self._stride))
                 hos = per.unbind(0)
                 if compute_offsets and lengths.device.type == "cpu":
-                    offs = hos if lengths.dtype == torch.int64 else per.to(lengths.dtype).unbind(0)
+                    offs = hos if lengths.dtype == torch.int64 else per.to(C.offsets_dtype(lengths)).unbind(0)
             elif h is not None:
                 hn = h.numpy()
                 hos = [torch.from_numpy(hn[lop[i] : lop[i + 1] + 1] - opk[i]) for i in range(n)]
@@ -572,7 +572,7 @@ class KeyedJaggedTensor:
         lengths = self.lengths().reshape(-1)
         if self._stride_per_key_per_rank is None:
             k, b = len(self._keys), self._stride
-            out = torch.zeros(k, b + 1, dtype=lengths.dtype, device=lengths.device)
+            out = torch.zeros(k, b + 1, dtype=C.offsets_dtype(lengths), device=lengths.device)
             if b:
                 torch.cumsum(lengths.view(k, b), 1, out=out[:, 1:])
             return list(out.unbind(0))

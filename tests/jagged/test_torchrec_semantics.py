@@ -213,3 +213,18 @@ def test_float_lengths_raise_what_torchrec_code_catches():
             JaggedTensor(torch.rand(7, 3), **kwargs)
         with pytest.raises(TypeError, match="must be an integer tensor"):
             KeyedJaggedTensor(["a"], torch.rand(7, 3), **kwargs)
+
+
+def test_offsets_of_empty_float_lengths_are_integers():
+    # TorchRec accepts empty float lengths (torch.tensor([[], []])); the offsets derived from them
+    # describe zero bags as [0], as TorchRec's do for integer lengths, in an integer dtype
+    for k in (
+        KeyedJaggedTensor(["a", "b"], torch.tensor([]), lengths=torch.tensor([[], []]), length_per_key=[0, 0]),
+        KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.tensor([]), torch.tensor([[], []])),
+    ):
+        for j in k.to_dict().values():
+            assert j.lengths().numel() == 0 and j.offsets().tolist() == [0] and j.offsets().dtype == torch.int64
+        assert k.offsets().tolist() == [0] and k.offsets().dtype == torch.int64
+    jt = JaggedTensor(torch.ones(0), lengths=torch.tensor([]))
+    assert jt.offsets().tolist() == [0] and jt.offsets().dtype == torch.int64
+    assert JaggedTensor(jt.values(), offsets=jt.offsets()).validate().lengths().tolist() == []  # usable again
