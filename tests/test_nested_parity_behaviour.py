@@ -2,9 +2,11 @@
 (``benchmarks/njt_suite.py``), each compared with torch's real NJT sample by sample.
 
 Covered: the gradient a custom ``autograd.Function`` receives for an output nobody used
-(autograd makes dense zeros of the envelope shape for padless tensors), and mistakes NJT
+(autograd makes dense zeros of the envelope shape for padless tensors); mistakes NJT
 reports with a ``RuntimeError`` that padless must report with one too (``StructureError``
-is both a ``ValueError`` and a ``RuntimeError``).
+is both a ``ValueError`` and a ``RuntimeError``); ATen reductions called directly
+(``aten.mean.dim``, ``aten.amax``/``amin``), which ran per sample and returned a NestedTensor
+where NJT returns a dense tensor.
 """
 
 import pytest
@@ -12,6 +14,7 @@ import torch
 
 import padless
 from padless import nested
+from padless.testing import check_op
 
 # Ragged (j, 4) samples: an empty sample in the middle, the one-sample batch, and (j, 2, 4).
 BATCHES = {"mixed": [(3, 4), (0, 4), (2, 4)], "one": [(5, 4)], "3d": [(2, 2, 4), (4, 2, 4)]}
@@ -129,3 +132,48 @@ def test_permute_wrong_number_of_dims_raises_value_and_runtime_error():
     for err in (ValueError, RuntimeError):
         with pytest.raises(err, match=msg):
             pl.permute(0, 2, 1)
+
+
+aten = torch.ops.aten
+
+# (name, padless/NJT call, per-sample reference): ATen reductions NJT code calls directly.
+ATEN_REDUCTIONS = {
+    "mean_ragged": (lambda t: aten.mean.dim(t, [1]), lambda s: s.mean(0)),
+    "mean_ragged_keepdim": (lambda t: aten.mean.dim(t, [1], True), lambda s: s.mean(0, keepdim=True)),
+    "mean_static": (lambda t: aten.mean.dim(t, [-1]), lambda s: s.mean(-1)),
+    "amax_ragged": (lambda t: aten.amax.default(t, [1]), lambda s: s.amax(0)),
+    "amin_static_keepdim": (lambda t: aten.amin.default(t, [2], True), lambda s: s.amin(1, keepdim=True)),
+}
+
+
+@pytest.mark.parametrize("variant", ["seq", "one_sample", "empty_sample"])
+@pytest.mark.parametrize("name", ATEN_REDUCTIONS)
+def test_aten_reductions_per_sample(name, variant):
+    """``torch.ops.aten.mean.dim`` / ``amax`` / ``amin`` on a NestedTensor: the packed
+    torch-level reduction (dense ``(B, ...)`` over a ragged dim), values and gradients per sample."""
+    fn, ref = ATEN_REDUCTIONS[name]
+    if variant == "empty_sample" and name.startswith("amax"):
+        pytest.skip("amax over an empty sample is undefined (padless raises, as torch does)")
+    check_op(fn, variant, ref=ref)
+
+
+@pytest.mark.parametrize("name", ATEN_REDUCTIONS)
+def test_aten_reductions_match_njt(name):
+    """Forward results and output kinds (dense or nested) equal NJT's."""
+    fn, _ = ATEN_REDUCTIONS[name]
+    pl, njt = _pair(_samples([(3, 4), (5, 4), (1, 4)], seed=2))
+    a, b = fn(pl), fn(njt)
+    assert isinstance(a, padless.NestedTensor) == b.is_nested
+    if b.is_nested:
+        _same(a, b)
+    else:
+        torch.testing.assert_close(a, b)
+
+
+def test_aten_mean_over_the_batch_dim_alone_is_refused():
+    """NJT refuses ``aten.mean.dim(nt, [0])`` with a RuntimeError; padless too, naming the rule."""
+    pl, njt = _pair(_samples([(3, 4), (2, 4)]))
+    with pytest.raises(RuntimeError):
+        aten.mean.dim(njt, [0], True)
+    with pytest.raises(RuntimeError, match=r"mean\(\): dim 0 is the batch dim of a NestedTensor"):
+        aten.mean.dim(pl, [0], True)

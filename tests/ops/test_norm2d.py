@@ -138,8 +138,8 @@ def test_fallback_refuses_ops_that_mix_samples():
         warnings.simplefilter("ignore")
         with pytest.raises(NotImplementedError, match=r"aten.native_batch_norm.default is not supported .*its result mixes samples \(batch statistics"):
             torch.ops.aten.native_batch_norm(x, None, None, rm, rv, True, 0.1, 1e-5)
-        with pytest.raises(NotImplementedError, match=r"aten.amax.default is not supported .*it reduces over every dim, the batch dim included"):
-            torch.ops.aten.amax(x)
+        with pytest.raises(NotImplementedError, match=r"aten.nansum.default is not supported .*it reduces over every dim, the batch dim included"):
+            torch.ops.aten.nansum(x)  # (aten.amax has a handler: every real element, as torch.amax(x))
         with pytest.raises(NotImplementedError, match=r"aten.max.default is not supported on NestedTensor: it returns a scalar for a batch of one sample"):
             torch.ops.aten.max(x)
         # eval-mode batch norm is per sample: the fallback may run it (and torch.batch_norm has a handler)
