@@ -177,3 +177,24 @@ def test_aten_mean_over_the_batch_dim_alone_is_refused():
         aten.mean.dim(njt, [0], True)
     with pytest.raises(RuntimeError, match=r"mean\(\): dim 0 is the batch dim of a NestedTensor"):
         aten.mean.dim(pl, [0], True)
+
+
+def test_is_contiguous_answers_whether_contiguous_has_work_to_do():
+    """On purpose unlike NJT: a transposed batch with one ragged dim is contiguous in padless
+    (samples are stored ragged dim first whatever the dim order: ``contiguous()`` returns it
+    unchanged), and ``narrow`` / ``lengths=`` results are packed copies. NJT answers False for
+    all three (strided views, holes). A transposed pair is not contiguous in either sense."""
+    samples = _samples([(3, 4), (2, 4)])
+    pl, njt = _pair(samples)
+    t = pl.transpose(1, 2)
+    assert not njt.transpose(1, 2).is_contiguous()
+    assert t.is_contiguous() and t.contiguous() is t
+    _same(t, njt.transpose(1, 2))
+    base = torch.randn(3, 6, 2)
+    starts, lengths = torch.tensor([0, 2, 1]), torch.tensor([3, 1, 4])
+    pl_n = nested.narrow(base, 1, starts, lengths, layout=torch.jagged)
+    njt_n = torch.nested.narrow(base, 1, starts, lengths, layout=torch.jagged)
+    assert pl_n.is_contiguous() and not njt_n.is_contiguous()
+    _same(pl_n, njt_n)
+    pair = padless.from_list([torch.randn(3, 3, 2), torch.randn(2, 2, 2)], ragged_dims=(0, 1)).transpose(1, 2)
+    assert not pair.is_contiguous() and pair.contiguous().is_contiguous()

@@ -210,6 +210,16 @@ def contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) ->
 
 @implements(torch.Tensor.is_contiguous)
 def is_contiguous(func, nt: NestedTensor, memory_format=torch.contiguous_format) -> bool:
+    """True when :meth:`contiguous` has nothing to do: ragged dims stored in ascending order
+    and contiguous ``values``.
+
+    A transposed batch with one ragged dim (``(B, C, L_i)`` from ``(B, L_i, C)``) is
+    contiguous: every sample is stored with its ragged dim first whatever the dim order, so
+    the rows are already canonical (torch.nested answers False there, as its values are a
+    strided view). ``nested.narrow`` and ``lengths=`` pack a copy (padless has no holes), so
+    their results are contiguous too. A transposed pair (ragged dims stored as ``(1, 0)``)
+    is not.
+    """
     return nt._ragged == tuple(sorted(nt._ragged)) and nt._values.is_contiguous()
 
 
