@@ -138,6 +138,8 @@ aten = torch.ops.aten
 
 # (name, padless/NJT call, per-sample reference): ATen reductions NJT code calls directly.
 ATEN_REDUCTIONS = {
+    "sum_ragged": (lambda t: aten.sum.dim_IntList(t, [1]), lambda s: s.sum(0)),
+    "sum_static_keepdim": (lambda t: aten.sum.dim_IntList(t, [2], True), lambda s: s.sum(1, keepdim=True)),
     "mean_ragged": (lambda t: aten.mean.dim(t, [1]), lambda s: s.mean(0)),
     "mean_ragged_keepdim": (lambda t: aten.mean.dim(t, [1], True), lambda s: s.mean(0, keepdim=True)),
     "mean_static": (lambda t: aten.mean.dim(t, [-1]), lambda s: s.mean(-1)),
@@ -198,3 +200,18 @@ def test_is_contiguous_answers_whether_contiguous_has_work_to_do():
     _same(pl_n, njt_n)
     pair = padless.from_list([torch.randn(3, 3, 2), torch.randn(2, 2, 2)], ragged_dims=(0, 1)).transpose(1, 2)
     assert not pair.is_contiguous() and pair.contiguous().is_contiguous()
+
+
+def test_aten_sum_default_gradient_is_per_sample():
+    """``torch.ops.aten.sum.default(nt)``: the sum of every real element, and a NestedTensor
+    gradient of ones (ATen's own formula would give a dense gradient of the padded envelope)."""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=6)
+    pl, njt = _pair(samples, requires_grad=True)
+    out = aten.sum.default(pl)
+    torch.testing.assert_close(out, aten.sum.default(njt))
+    out.backward()
+    assert isinstance(pl.grad, padless.NestedTensor)
+    _same(pl.grad, torch.nested.nested_tensor([torch.ones_like(s) for s in samples], layout=torch.jagged))
+    keep = aten.sum.dim_IntList(pl.detach(), [], True)
+    assert keep.shape == (1, 1, 1)
+    torch.testing.assert_close(keep.reshape(()), out.detach())

@@ -18,4 +18,4 @@ from padless.jagged.pooling import embedding_bag  # pooled lookups of JaggedTens
 
 __all__ = ["attention", "attention_modules", "contract", "dims", "embedding_bag", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]
 from padless.ops.attention_rows import row_attention  # SDPA with ragged batch dims; row attention over pair states
-from padless.ops import reduce_aten  # noqa: F401  (aten.mean.dim / amax / amin as the torch-level reductions)
+from padless.ops import reduce_aten  # noqa: F401  (aten.sum / mean.dim / amax / amin called directly: the torch-level reductions)
