@@ -9,9 +9,12 @@ What is accepted follows TorchRec: empty lengths/offsets of any dtype and shape 
 slices), ``values`` with more rows than the lengths use (the tail is ignored), and
 per-row weights ``(T,)`` next to values ``(T, D)``.
 
+Weights may have any shape with rows (TorchRec slices them by the same offsets as the
+values): ``(T,)`` per row, the shape of values, or more rows than the lengths use.
+
 What TorchRec also accepts but cannot be read (lengths that need more rows than the
-values hold, negative lengths, offsets that decrease or do not start at 0, weights of
-another shape, per-key lists that disagree with the lengths) is a *fault*: the checks
+values or weights hold, negative lengths, offsets that decrease or do not start at 0,
+per-key lists that disagree with the lengths) is a *fault*: the checks
 return its message instead of raising, the jagged type keeps it, and only what reads
 values through the structure (``to_dict``, ``to_dense``, padding, pooling, printing,
 ``validate()``) raises it as a ``StructureError``. What only passes the tensors along
@@ -176,26 +179,38 @@ def _too_short(what: str, covered: int, total: int) -> str:
     )
 
 
-def weights_fault(what: str, weights: Tensor | None, values: Tensor) -> str | None:
-    """The fault of weights that have neither the shape of values nor one weight per row
-    ``(T,)`` (a shape test: never a sync); a weights argument that is no tensor raises."""
+def weights_fault(what: str, weights: Tensor | None) -> str | None:
+    """The fault of 0-d weights (weights are read by rows, as values are; how many rows
+    they need is checked with the structure: ``short_weights``). No tensor raises."""
     if weights is None:
         return None
     if not isinstance(weights, Tensor):
         raise TypeError(f"{what}: weights must be a tensor or None, got {type(weights).__name__}")
-    if weights.shape != values.shape and tuple(weights.shape) != tuple(values.shape[:1]):
-        return (
-            f"{what}: weights must have the shape of values or one weight per row, got weights "
-            f"{tuple(weights.shape)} and values {tuple(values.shape)}"
-        )
-    return None
+    return f"{what}: weights must have a row dim (T, ...), got a 0-d tensor" if weights.dim() == 0 else None
+
+
+def short_weights(what: str, weights: Tensor | None, used: int) -> str | None:
+    """The fault of weights with fewer rows than the ``used`` rows the lengths cover."""
+    if weights is None or weights.dim() == 0 or weights.shape[0] >= used:
+        return None
+    return (
+        f"{what}: the lengths cover {used} rows but weights has only {weights.shape[0]}; "
+        "weights must hold at least sum(lengths) rows"
+    )
 
 
 def check_weights(what: str, weights: Tensor | None, values: Tensor) -> None:
-    """``weights_fault`` raised at once (for constructors that read the weights right away)."""
-    fault = weights_fault(what, weights, values)
-    if fault is not None:
-        raise StructureError(fault)
+    """Weights of the shape of values, or one per row ``(T,)``, at once (for the constructors
+    that build values and weights together from dense slices)."""
+    if weights is None:
+        return
+    if not isinstance(weights, Tensor):
+        raise TypeError(f"{what}: weights must be a tensor or None, got {type(weights).__name__}")
+    if weights.shape != values.shape and tuple(weights.shape) != tuple(values.shape[:1]):
+        raise StructureError(
+            f"{what}: weights must have the shape of values or one weight per row, got weights "
+            f"{tuple(weights.shape)} and values {tuple(values.shape)}"
+        )
 
 
 def used(t: Tensor | None, end: int | None) -> Tensor | None:

@@ -12,6 +12,7 @@ from torch import Tensor
 from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
+from padless.jagged import fx
 from padless.tensor.errors import StructureError
 
 if TYPE_CHECKING:
@@ -40,7 +41,7 @@ class JaggedTensor:
 
     Construction is lazy, as in TorchRec: it checks types and ranks only. The structure
     of host (CPU) lengths/offsets (lengths >= 0, offsets from 0 and never decreasing, the
-    two agreeing, values long enough) and the weights' shape are checked the first time
+    two agreeing, values and weights long enough) is checked the first time
     values are read through them (``to_dense()``, ``to_padded_dense()``, ``to_nested()``,
     ``str()``, pooling, ``host_offsets()``), or at once with ``validate()``; an invalid
     structure raises there, every time, with the same message. What TorchRec accepts
@@ -68,12 +69,14 @@ class JaggedTensor:
     ) -> None:
         what = "JaggedTensor"
         if not isinstance(values, Tensor):
+            if fx.stand_in(self, type(self), (values, weights, lengths, offsets), {}):
+                return  # built from traced tensors under torch.fx: stands in for the graph node
             raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
         if values.dim() < 1:
             raise ValueError(f"{what}: values must have a row dim (T, *static), got a 0-d tensor")
         if lengths is None and offsets is None:
             raise ValueError(f"{what}: pass lengths= or offsets= (or both)")
-        fault = C.weights_fault(what, weights, values)
+        fault = C.weights_fault(what, weights)
         if lengths is not None:
             C.check_int(what, "lengths", lengths)
         if offsets is not None:
@@ -111,6 +114,8 @@ class JaggedTensor:
         """Run the checks construction defers, once: valid host offsets are kept, a fault is
         recorded (not raised: see ``_host``)."""
         host, fault = C.host_offsets("JaggedTensor", self._lengths, self._offsets, self._values.shape[0])
+        if fault is None and host is not None and self._weights is not None:
+            fault = C.short_weights("JaggedTensor", self._weights, int(host.numpy()[-1]))
         self._fault = self._fault or fault
         self._host_offsets = host if self._fault is None else None
         self._unchecked = False
@@ -299,6 +304,7 @@ class JaggedTensor:
         )
 
     @staticmethod
+    @fx.leaf
     def empty_like(jt: "JaggedTensor", device: torch.device | str | None = None) -> "JaggedTensor":
         """Zero slices with ``jt``'s dtypes on its device; with ``device`` given, uninitialised
         tensors of ``jt``'s shapes on that device instead (TorchRec's two meanings)."""
@@ -348,6 +354,7 @@ class JaggedTensor:
         return JaggedTensor(values=vt, weights=wt, lengths=lengths)
 
     @staticmethod
+    @fx.leaf
     def from_dense_lengths(values: Tensor, lengths: Tensor, weights: Tensor | None = None) -> "JaggedTensor":
         """Keep the first ``lengths[i]`` entries of row i of a dense ``(B, N, *static)`` tensor."""
         what = "JaggedTensor.from_dense_lengths"

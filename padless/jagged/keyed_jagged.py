@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from padless.jagged import _checks as C
-from padless.jagged import kjt_checks, kjt_combine
+from padless.jagged import fx, kjt_checks, kjt_combine
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.tensor.errors import StructureError
 
@@ -38,7 +38,7 @@ class KeyedJaggedTensor:
 
     Construction is lazy, as in TorchRec: the constructor checks types, counts and
     strides only. The structure (lengths >= 0, offsets from 0 and never decreasing, the
-    two agreeing, ``values`` long enough, weights of the values' shape, given per-key
+    two agreeing, ``values`` and weights long enough, given per-key
     lists matching) is checked on first use, and what TorchRec accepts, padless accepts:
     a KJT with a fault still gives ``lengths()``/``offsets()``, the per-key lists (as
     TorchRec derives them), ``sync()``, ``to(device)``, ``pin_memory()`` and ``concat``;
@@ -92,6 +92,10 @@ class KeyedJaggedTensor:
         jt_dict: Mapping[str, JaggedTensor] | None = None,
         inverse_indices: tuple[list[str], Tensor] | None = None,
     ) -> None:
+        if not isinstance(values, Tensor):  # built from traced tensors under torch.fx: stands in for the node
+            given = {k: v for k, v in locals().items() if k not in ("self", "keys", "values") and v is not None}
+            if fx.stand_in(self, type(self), (keys, values), given):
+                return
         what = "KeyedJaggedTensor"
         keys = list(keys)
         for k in keys:
@@ -101,7 +105,7 @@ class KeyedJaggedTensor:
             raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
         if values.dim() < 1:
             raise ValueError(f"{what}: values must have a row dim, got a 0-d tensor")
-        fault = C.weights_fault(what, weights, values)  # kept, raised by what reads values
+        fault = C.weights_fault(what, weights)  # kept, raised by what reads values
         total = values.shape[0]
         if lengths is not None:
             C.check_int(what, "lengths", lengths)
@@ -274,6 +278,7 @@ class KeyedJaggedTensor:
         ).sync()
 
     @staticmethod
+    @fx.leaf
     def from_jt_dict(jt_dict: Mapping[str, JaggedTensor], force_variable_stride: bool = False) -> "KeyedJaggedTensor":
         """Concatenate one JaggedTensor per key (in dict order). JaggedTensors of different
         batch sizes give a variable stride per key (always, with ``force_variable_stride``).
@@ -298,6 +303,7 @@ class KeyedJaggedTensor:
         )
 
     @staticmethod
+    @fx.leaf
     def empty_like(kjt: "KeyedJaggedTensor", device: torch.device | str | None = None) -> "KeyedJaggedTensor":
         """TorchRec's two meanings. Without ``device``: no keys and no values, keeping only the
         batch size (``stride()``, or ``stride_per_key_per_rank()`` of a variable-batch KJT) and
@@ -337,6 +343,7 @@ class KeyedJaggedTensor:
         return out
 
     @staticmethod
+    @fx.leaf
     def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
         """Keys of every KJT, in order (same batch, or a variable stride per key)."""
         return kjt_combine.concat(kjt_list)

@@ -10,6 +10,7 @@ from torch import Tensor
 from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
+from padless.jagged import fx
 
 
 class KeyedTensor:
@@ -40,6 +41,10 @@ class KeyedTensor:
         offset_per_key: Sequence[int] | None = None,
         index_per_key: Mapping[str, int] | None = None,
     ) -> None:
+        if not isinstance(values, Tensor) and fx.stand_in(
+            self, type(self), (keys, length_per_key, values, key_dim, offset_per_key, index_per_key), {}
+        ):
+            return  # built from traced tensors under torch.fx: stands in for the graph node
         what = "KeyedTensor"
         keys = list(keys)
         lpk = [int(x) for x in length_per_key]
@@ -65,6 +70,7 @@ class KeyedTensor:
         self._index_per_key = dict(index_per_key) if index_per_key is not None else None
 
     @staticmethod
+    @fx.leaf
     def from_tensor_list(
         keys: Sequence[str], tensors: Sequence[Tensor], key_dim: int = 1, cat_dim: int = 1
     ) -> "KeyedTensor":
@@ -122,6 +128,7 @@ class KeyedTensor:
         return {k: self[k] for k in self._keys}
 
     @staticmethod
+    @fx.leaf
     def regroup(keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]]) -> list[Tensor]:
         """One tensor per group: the named keys' blocks, from any of ``keyed_tensors``,
         concatenated along their key dim (which must agree)."""
@@ -145,6 +152,7 @@ class KeyedTensor:
         return out
 
     @staticmethod
+    @fx.leaf
     def regroup_as_dict(
         keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]], keys: Sequence[str]
     ) -> dict[str, Tensor]:

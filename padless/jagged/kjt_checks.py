@@ -2,7 +2,7 @@
 
 Nothing here raises for a structure TorchRec accepts: a fault (lengths that need more rows
 than the values hold, negative lengths, offsets that decrease, given per-key lists that
-disagree with the lengths, weights of another shape) is recorded on the KJT as a message,
+disagree with the lengths, weights with fewer rows than the lengths use) is recorded on the KJT as a message,
 and ``KeyedJaggedTensor._host()``/``validate()`` raise it for what reads values through the
 structure (see ``padless.jagged._checks``).
 """
@@ -80,6 +80,8 @@ def check(kjt: "KeyedJaggedTensor") -> None:
             host, fault = C.host_offsets(WHAT, lengths, offsets, total)
         hn = None if host is None else host.numpy()
         opk = None if hn is None else (hn[kjt.lengths_offset_per_key()] - hn[0]).tolist()
+    if fault is None and opk is not None and kjt._weights is not None:
+        fault = C.short_weights(WHAT, kjt._weights, opk[-1])
     if opk is not None:
         if not blame:
             kjt._offset_per_key = opk

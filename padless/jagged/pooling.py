@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from padless.jagged import fx
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.jagged.keyed_jagged import KeyedJaggedTensor
 from padless.jagged.keyed_tensor import KeyedTensor
@@ -77,6 +78,7 @@ def _bag(ids: Tensor, offsets: Tensor, table: Tensor, mode: str, psw: Tensor | N
     )
 
 
+@fx.leaf  # under torch.fx: one node when the features (or tables) are traced
 def embedding_bag(
     features: JaggedTensor | KeyedJaggedTensor,
     weight: Table | Mapping[str, Table] | Sequence[Table],

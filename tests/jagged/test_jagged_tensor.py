@@ -95,10 +95,10 @@ def test_validation_errors(kwargs, match):
         JaggedTensor(**kwargs)
 
 
-# the structure of host lengths/offsets and the weights' shape: checked on first read (construction
+# the structure of host lengths/offsets and the weights' rows: checked on first read (construction
 # is lazy, as in TorchRec); a fault raises in what reads values through the structure
 DEFERRED = [
-    (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), r"weights must have the shape of values or one weight per row, got weights \(3,\) and values \(4,\)"),
+    (dict(values=torch.arange(4.0), weights=torch.ones(3), lengths=torch.tensor([4])), "the lengths cover 4 rows but weights has only 3"),
     (dict(values=torch.arange(3.0), lengths=torch.tensor([2, 2])), "the lengths cover 4 rows but values has only 3"),
     (dict(values=torch.arange(4.0), lengths=torch.tensor([5, -1])), r"lengths must be >= 0, but lengths\[1\] = -1"),
     (dict(values=torch.arange(4.0), offsets=torch.tensor([0, 3, 2, 4])), r"offsets must not decrease, but offsets\[1\] = 3 > offsets\[2\] = 2"),

@@ -173,7 +173,7 @@ def test_validation_errors(kwargs, match):
 # the structure is checked on first need (construction is lazy, as in TorchRec); a fault raises in
 # what reads values through it
 DEFERRED = [
-    (dict(keys=["a", "b"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([1, 2])), r"weights must have the shape of values or one weight per row, got weights \(2,\) and values \(3,\)"),
+    (dict(keys=["a", "b"], values=torch.arange(3), weights=torch.ones(2), lengths=torch.tensor([1, 2])), "the lengths cover 3 rows but weights has only 2"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[3]), r"keys and length_per_key disagree: 2 keys, 1 lengths \[3\]"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 3]), r"length_per_key \[2, 3\] sums to 5 but values has 3 rows"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), offset_per_key=[0, 4]), r"offset_per_key must have len\(keys\) \+ 1 = 3 entries from 0 to at most 3, got \[0, 4\]"),

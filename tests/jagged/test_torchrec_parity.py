@@ -129,7 +129,7 @@ def test_round_trip_with_torchrec_objects(trj):
 ACCEPTED = {
     "lengths need more rows": lambda m: m.KeyedJaggedTensor.from_lengths_sync(["a", "b"], torch.arange(8.0), torch.arange(1, 9, dtype=torch.int32)),
     "offsets decrease": lambda m: m.KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(8.0), torch.tensor([8, 4, 1, 5, 0, 1, 2, 1, 2], dtype=torch.int32)),
-    "weights of another shape": lambda m: m.KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(8), torch.tensor([0, 2, 2, 3, 4, 5, 8]), weights=torch.arange(80)),
+    "weights with more rows": lambda m: m.KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(8), torch.tensor([0, 2, 2, 3, 4, 5, 8]), weights=torch.arange(80)),
     "given per-key lists": lambda m: m.KeyedJaggedTensor(
         ["a", "b"], torch.arange(8.0), offsets=torch.tensor([0, 0, 2, 2, 3, 4, 5, 5, 8], dtype=torch.int32), length_per_key=[4, 4], offset_per_key=[0, 4],
     ),
@@ -145,6 +145,9 @@ def test_accepts_what_torchrec_accepts(trj, case):
 
     ours, theirs = ACCEPTED[case](pj), ACCEPTED[case](trj)
     assert state(ours) == state(theirs)
+    if case == "weights with more rows":  # readable: weights are sliced by the values' offsets
+        assert _jt_state(ours["b"]) == _jt_state(theirs["b"])  # (TorchRec's to_dict() refuses them)
+        return
     with pytest.raises(padless.StructureError, match="KeyedJaggedTensor: "):
         ours.validate()  # still refused where values would be read
 
@@ -165,3 +168,22 @@ def test_str_of_3d_values_raises_as_in_torchrec(trj):
     for m in (pj, trj):
         with pytest.raises(ValueError):
             str(m.JaggedTensor(torch.ones(4, 1, 3), lengths=torch.tensor([1, 0, 2, 0], dtype=torch.int32)))
+
+
+def test_torchrec_tracer_traces_padless_types():
+    import torchrec.fx as trfx
+
+    class Pool(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.randn(10, 4))
+
+        def forward(self, kjt: KeyedJaggedTensor) -> tuple[KeyedTensor, KeyedJaggedTensor]:
+            out = KeyedJaggedTensor(kjt.keys(), kjt.values(), lengths=kjt.lengths())
+            return pj.embedding_bag(out, self.table), out
+
+    m = Pool()
+    gm = trfx.symbolic_trace(m)
+    kjt = KeyedJaggedTensor(["a", "b"], torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 0, 2, 0]))
+    (kt, out), (kt_ref, out_ref) = gm(kjt), m(kjt)
+    assert torch.equal(kt.values(), kt_ref.values()) and out.length_per_key() == out_ref.length_per_key() == [1, 2]

@@ -228,3 +228,15 @@ def test_offsets_of_empty_float_lengths_are_integers():
     jt = JaggedTensor(torch.ones(0), lengths=torch.tensor([]))
     assert jt.offsets().tolist() == [0] and jt.offsets().dtype == torch.int64
     assert JaggedTensor(jt.values(), offsets=jt.offsets()).validate().lengths().tolist() == []  # usable again
+
+
+def test_weights_are_read_by_rows_like_values():
+    # TorchRec slices weights by the values' offsets: any shape with enough rows is readable
+    k = KeyedJaggedTensor.from_offsets_sync(["a", "b"], torch.arange(8), torch.tensor([0, 2, 2, 3, 4, 5, 8]), weights=torch.arange(80))
+    moved = k.to(torch.device("cpu"))
+    assert torch.equal(moved.weights(), torch.arange(80)) and torch.equal(moved.offsets(), k.offsets())
+    assert k["a"].weights().tolist() == [0, 1, 2] and k["b"].weights().tolist() == [3, 4, 5, 6, 7]
+    jt = JaggedTensor(torch.arange(3.0), torch.ones(3, 2), lengths=torch.tensor([1, 2]))  # (T, 2) weights, (T,) values
+    assert jt.to_padded_dense_weights().shape == (2, 2, 2)
+    with pytest.raises(padless.StructureError, match=r"weights must have a row dim \(T, \.\.\.\), got a 0-d tensor"):
+        JaggedTensor(torch.arange(3.0), torch.tensor(1.0), lengths=torch.tensor([3])).validate()
