@@ -61,6 +61,18 @@ def test_keyed_jagged_tensor_in_and_out_methods_become_nodes():
     }
 
 
+def test_keyed_tensor_built_from_traced_values():
+    class Pooled(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            kt = KeyedTensor(["a", "b"], [1, 2], x * 2)
+            return kt["b"]
+
+    gm = symbolic_trace(Pooled())
+    assert "KeyedTensor(['a', 'b'], [1, 2], mul, 1, None, None)" in gm.code
+    x = torch.arange(6.0).view(2, 3)
+    assert torch.equal(gm(x), Pooled()(x)) and gm(x).tolist() == [[2.0, 4.0], [8.0, 10.0]]
+
+
 def test_static_helpers_are_one_node_each():
     class Helpers(torch.nn.Module):
         def __init__(self) -> None:
@@ -100,6 +112,8 @@ def test_eager_errors_and_traced_objects_say_what_they_are():
             seen["repr"], seen["is_jt"] = repr(jt), isinstance(jt, JaggedTensor)
             with pytest.raises(TypeError, match=r"len\(\) of a traced JaggedTensor is not known while tracing"):
                 len(jt)
+            with pytest.raises(TypeError, match="a traced JaggedTensor cannot be iterated while tracing"):
+                iter(jt)
             return jt
 
     symbolic_trace(Peek())
