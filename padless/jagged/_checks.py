@@ -249,13 +249,14 @@ def record(t: Tensor | None, stream: torch.cuda.Stream) -> None:
         t.record_stream(stream)
 
 
-def values_string(values: Tensor, start: int, end: int) -> str:
+def values_string(values: Tensor, start: int, end: int, max_dims: int = 2) -> str:
     """``[v0, v1, ...]`` of rows ``start:end`` (rows of a 2-D values print as lists), as TorchRec
-    prints; values of more dims raise a ``ValueError``, as TorchRec's ``str()`` does."""
-    if values.dim() > 2:
+    prints; values of more than ``max_dims`` dims raise a ``ValueError``, as TorchRec's
+    ``str()`` does (2 for the jagged types; a KeyedTensor's blocks print up to 3)."""
+    if values.dim() > max_dims:
         raise ValueError(
-            f"str(): values of shape {tuple(values.shape)} have more than 2 dims, which are not printed "
-            "(as in TorchRec); use repr() for a summary, or to_dense() for the contents"
+            f"str(): values of shape {tuple(values.shape)} have more than {max_dims} dims, which are not "
+            "printed (as in TorchRec); use repr() for a summary, or to_dense() for the contents"
         )
     return _fmt(values[start:end].tolist())
 

@@ -195,7 +195,7 @@ class KeyedTensor:
         """Every key's block, one list per sample, printed as TorchRec prints them."""
         if not self._keys:
             return "KeyedTensor()\n"
-        parts = [f'    "{k}": ' + C.values_string(self[k], 0, self[k].shape[0]) for k in self._keys]
+        parts = [f'    "{k}": ' + C.values_string(self[k], 0, self[k].shape[0], max_dims=3) for k in self._keys]
         return "KeyedTensor({\n" + ",\n".join(parts) + "\n})\n"
 
     def __repr__(self) -> str:

@@ -187,3 +187,13 @@ def test_torchrec_tracer_traces_padless_types():
     kjt = KeyedJaggedTensor(["a", "b"], torch.tensor([1, 2, 3]), lengths=torch.tensor([1, 0, 2, 0]))
     (kt, out), (kt_ref, out_ref) = gm(kjt), m(kjt)
     assert torch.equal(kt.values(), kt_ref.values()) and out.length_per_key() == out_ref.length_per_key() == [1, 2]
+
+
+def test_str_of_keyed_tensor_blocks_up_to_3_dims(trj):
+    for shape in ((2, 3), (2, 3, 2)):
+        values = torch.arange(float(torch.Size(shape).numel())).view(shape)
+        assert str(KeyedTensor(["a", "b"], [1, 2], values)) == str(trj.KeyedTensor(["a", "b"], [1, 2], values))
+    four = torch.ones(2, 3, 1, 1)
+    for m in (pj, trj):
+        with pytest.raises(ValueError):
+            str(m.KeyedTensor(["a", "b"], [1, 2], four))

@@ -240,3 +240,10 @@ def test_weights_are_read_by_rows_like_values():
     assert jt.to_padded_dense_weights().shape == (2, 2, 2)
     with pytest.raises(padless.StructureError, match=r"weights must have a row dim \(T, \.\.\.\), got a 0-d tensor"):
         JaggedTensor(torch.arange(3.0), torch.tensor(1.0), lengths=torch.tensor([3])).validate()
+
+
+def test_str_of_keyed_tensor_prints_3d_blocks_and_refuses_4d():
+    kt = KeyedTensor(["a"], [1], torch.arange(4.0).view(2, 1, 2))
+    assert str(kt) == 'KeyedTensor({\n    "a": [[[0.0, 1.0]], [[2.0, 3.0]]]\n})\n'
+    with pytest.raises(ValueError, match=r"str\(\): values of shape \(2, 1, 1, 1\) have more than 3 dims"):
+        str(KeyedTensor(["a"], [1], torch.ones(2, 1, 1, 1)))
