@@ -61,6 +61,18 @@ def test_keyed_jagged_tensor_in_and_out_methods_become_nodes():
     }
 
 
+def test_sync_constructors_in_traced_code():
+    class FromOffsets(torch.nn.Module):
+        def forward(self, offsets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+            kjt = KeyedJaggedTensor.from_offsets_sync(["a", "b"], values, offsets)
+            return kjt["a"].offsets()
+
+    gm = symbolic_trace(FromOffsets())
+    assert "sync()" in gm.code  # the stand-in's sync() is a node, run with the real KJT
+    for offsets, want in (([0, 2, 2], [0, 2]), ([0, 2, 2, 3, 4, 6, 8], [0, 2, 2, 3])):
+        assert gm(torch.tensor(offsets), torch.arange(8)).tolist() == want
+
+
 def test_keyed_tensor_built_from_traced_values():
     class Pooled(torch.nn.Module):
         def forward(self, x: torch.Tensor) -> torch.Tensor:
