@@ -141,9 +141,14 @@ import json, os
 def pytest_runtest_logreport(report):
     # One JSON line per test, written as it finishes: a run cut by the timeout keeps its results.
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+        # The OpInfo tests run each sample as a unittest subTest: pytest reports every sample
+        # under the test's id, then the test itself, which passes even when samples failed.
         msg = "" if report.outcome == "passed" else str(report.longrepr)[-1500:]
+        ctx = getattr(report, "context", None)
+        kind = "sample" if ctx is not None else "test"
+        idx = str(ctx.kwargs.get("idx", "")) if ctx is not None else ""
         with open(os.environ["SUITE_OUT"], "a") as f:
-            f.write(json.dumps([report.nodeid, report.outcome, msg]) + "\n")
+            f.write(json.dumps([report.nodeid, report.outcome, msg, kind, idx]) + "\n")
 '''
 
 # (category, pattern on the test id + failure message), first match wins. The first group
@@ -186,17 +191,45 @@ def run(folder: pathlib.Path, mode: str, strict: bool, extra: list[str], timeout
         subprocess.run(cmd, cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
         print(f"njt_suite: the {mode} run hit the {timeout} s timeout; counting what finished")
-    res = {}
-    if out.exists():
-        for line in out.read_text().splitlines():
-            nodeid, outcome, msg = json.loads(line)
-            res[nodeid] = (outcome, msg)
+    samples: dict = {}
+    res = read_results(out, samples)
+    SAMPLES[mode] = {f"{n}|{i}": o for (n, i), o in samples.items()}
     return res, time.perf_counter() - t0
+
+
+SAMPLES: dict[str, dict[str, str]] = {}
+
+
+def read_results(out: pathlib.Path, samples: dict | None = None) -> dict:
+    """{nodeid: (outcome, message, samples passed, samples failed)} from a run's report lines.
+
+    A test fails when it or any of its samples (subtests) failed; its message is the first
+    failure's. A test without subtests counts as one sample. ``samples``, when given, is
+    filled with {(nodeid, sample index): outcome}."""
+    res: dict[str, tuple[str, str, int, int]] = {}
+    if not out.exists():
+        return res
+    for line in out.read_text().splitlines():
+        nodeid, outcome, msg, *rest = json.loads(line)
+        kind = rest[0] if rest else "test"
+        if kind == "sample" and samples is not None:
+            samples[(nodeid, rest[1])] = outcome
+        prev_outcome, prev_msg, ok, bad = res.get(nodeid, ("", "", 0, 0))
+        if kind == "sample":
+            ok, bad = ok + (outcome == "passed"), bad + (outcome == "failed")
+        elif ok + bad == 0:
+            ok, bad = int(outcome == "passed"), int(outcome == "failed")
+        if prev_outcome == "failed":
+            outcome, msg = prev_outcome, prev_msg
+        res[nodeid] = (outcome, msg, ok, bad)
+    return res
 
 
 def category(nodeid: str, msg: str) -> str:
     """The failure category of one failed test (see ``CATEGORIES``)."""
-    text = nodeid + "\n" + msg
+    # An OpInfo failure message prints the sample (its repr mentions layouts and jagged
+    # dims), so only its error line is read.
+    text = nodeid + "\n" + (last_line(msg) if "OpInfo" in nodeid else msg)
     for name, pattern in CATEGORIES:
         if re.search(pattern, text):
             return name
@@ -254,6 +287,11 @@ def main() -> None:
         if g:
             cells = ", ".join(f"{m} {sum(outcome[m][i] == 'passed' for i in g)}/{len(g)}" for m in results)
             print(f"  {grp:16s} {cells}")
+            if grp.startswith("opinfo"):
+                cells = ", ".join(
+                    f"{m} {sum(r.get(i, ('', '', 0, 0))[2] for i in g)}/"
+                    f"{sum(sum(r.get(i, ('', '', 0, 0))[2:]) for i in g)}" for m, r in results.items())
+                print(f"  {'  samples':16s} {cells}")
     for m, s in seconds.items():
         print(f"  {m} run: {s:.0f} s")
     if len(results) == 2:
@@ -262,6 +300,15 @@ def main() -> None:
             n, p = outcome["njt"][i] == "passed", outcome["padless"][i] == "passed"
             both["both" if n and p else "padless only" if p else "njt only" if n else "neither"] += 1
         print("  " + ", ".join(f"{k}: {v}" for k, v in both.items()))
+    if len(SAMPLES) == 2:
+        njt_ok = {k for k, o in SAMPLES["njt"].items() if o == "passed"}
+        gaps = sorted(k for k in njt_ok if SAMPLES["padless"].get(k) == "failed")
+        both_bad = sum(o == "failed" and SAMPLES["njt"].get(k) == "failed" for k, o in SAMPLES["padless"].items())
+        print(f"  samples NJT passes and padless fails: {len(gaps)}; samples both fail: {both_bad}")
+        if args.show:
+            for k in gaps:
+                nodeid, idx = k.split("|")
+                print(f"    [gap] {nodeid.split('::')[-1]} sample {idx}")
     for m, res in results.items():
         fails = [i for i in ran if outcome[m][i] not in ("passed", "skipped")]
         cats: dict[str, list[str]] = {}
@@ -277,7 +324,7 @@ def main() -> None:
             for i in fails:
                 print(f"    [{m}] {i.split('::')[-1]}: {last_line(res.get(i, ('', ''))[1])}")
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(results))
+        pathlib.Path(args.json).write_text(json.dumps({"tests": results, "samples": SAMPLES}))
 
 
 if __name__ == "__main__":
