@@ -235,3 +235,26 @@ def test_structure_errors_are_runtime_errors_like_njt():
         nt.sum(dim=0)
     with pytest.raises(padless.StructureError):
         nt.sum(dim=0)
+
+
+def test_is_nested_false_on_purpose_so_modules_reach_padless_ops():
+    """padless answers ``is_nested`` False and a strided layout on purpose: torch modules branch
+    on ``x.is_nested`` before any op runs (``TransformerEncoderLayer``'s inference fast path,
+    ``MultiheadAttention``'s nested checks) and would take torch's own nested branches. With
+    False, the layer calls the ops padless implements; each sample equals the sample run alone.
+    Code that only uses ``padless.nested`` functions and tensor ops behaves as with NJT."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).eval()
+    samples = [torch.randn(n, 8) for n in (3, 1, 5)]
+    x = nested.nested_tensor(samples)
+    assert not x.is_nested and x.layout == torch.strided
+    with torch.no_grad():
+        out = layer(x)
+        for o, s in zip(out.unbind(), samples):
+            torch.testing.assert_close(o, layer(s[None])[0], rtol=1e-5, atol=1e-5)
+    # with is_nested True, both would stop in torch: "MultiheadAttention does not support
+    # NestedTensor outside of its fast path"
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True)  # training mode
+    o, _ = mha(x, x, x, need_weights=False)
+    for oi, s in zip(o.unbind(), samples):
+        torch.testing.assert_close(oi, mha(s[None], s[None], s[None], need_weights=False)[0][0], rtol=1e-5, atol=1e-5)
