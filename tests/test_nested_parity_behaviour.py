@@ -40,29 +40,37 @@ def _same(pl, njt):
 
 
 class _TwoOutputs(torch.autograd.Function):
-    """Two outputs; the backward adds both incoming gradients, in the order given."""
+    """Two outputs of the input (``kind``: both of its shape, both transposed, or the second
+    one reduced to ``(..., 1)``); the backward adds both incoming gradients, in the order given."""
 
     @staticmethod
-    def forward(ctx, inp, dense_first):
-        ctx.dense_first = dense_first
+    def forward(ctx, inp, kind, dense_first):
+        ctx.kind, ctx.dense_first = kind, dense_first
+        if kind == "transposed":
+            return inp.transpose(1, 2) + 1, inp.transpose(1, 2) * 2
+        if kind == "reduced":
+            return inp + 1, inp.sum(-1, keepdim=True) * 2
         return inp + 1, inp * 2
 
     @staticmethod
     def backward(ctx, g1, g2):
-        return (g2 + g1 if ctx.dense_first else g1 + g2), None
+        g = g2 + g1 if ctx.dense_first else g1 + g2
+        return (g.transpose(1, 2) if ctx.kind == "transposed" else g), None, None
 
 
 @pytest.mark.parametrize("batch", BATCHES)
+@pytest.mark.parametrize("kind", ["same", "transposed", "reduced"])
 @pytest.mark.parametrize("used", [0, 1])
-def test_custom_function_unused_output_gets_zero_gradient(batch, used):
+def test_custom_function_unused_output_gets_zero_gradient(batch, kind, used):
     """NJT: only one output of a custom Function is used, so autograd materialises zeros for the
-    other one's gradient and the backward adds them. padless receives dense zeros of the
+    other one's gradient and the backward adds them. padless receives dense zeros of that
     output's envelope shape there (padless tensors are not C++ nested tensors); during backward
-    they are read as a padded batch, so the input gradient equals NJT's, sample by sample."""
+    they are read as a padded batch, so the input gradient equals NJT's, sample by sample. The
+    backward code sees NestedTensors at torch level (``transpose`` of a gradient works)."""
     samples = _samples(BATCHES[batch], seed=1)
     pl, njt = _pair(samples, requires_grad=True)
     for x in (pl, njt):
-        out = _TwoOutputs.apply(x, used == 1)[used]
+        out = _TwoOutputs.apply(x, kind, used == 1)[used]
         out.backward(out.detach() * 0 + 3)
     _same(pl.grad, njt.grad)
 
@@ -72,11 +80,11 @@ def test_custom_function_unused_output_two_ragged_dims():
     reference is the dense Function on each sample)."""
     samples = [torch.randn(2, 3, 5), torch.randn(2, 4, 1), torch.randn(2, 1, 2)]
     x = padless.from_list(samples, ragged_dims=(1, 2)).requires_grad_()
-    out = _TwoOutputs.apply(x, True)[0]
+    out = _TwoOutputs.apply(x, "same", True)[0]
     out.backward(out.detach() * 0 + 3)
     for g, s in zip(x.grad.unbind(), samples):
         d = s.clone().requires_grad_()
-        _TwoOutputs.apply(d, True)[0].backward(torch.full_like(s, 3.0))
+        _TwoOutputs.apply(d, "same", True)[0].backward(torch.full_like(s, 3.0))
         torch.testing.assert_close(g, d.grad)
 
 

@@ -9,7 +9,7 @@ pow, their in-place and backward variants...) runs once on the packed
 * a dense tensor that broadcasts against the static tail, e.g. ``(C,)`` against
   samples ``(L_i, C)`` -> a view over the static dims;
 * a dense tensor with a per-sample batch dim, e.g. ``(B, 1, C)`` -> gathered per row;
-* during backward only, a dense tensor of exactly the envelope shape: the zeros autograd
+* during backward only, a dense tensor of the envelope shape: the zeros autograd
   makes for a custom Function's unused output, read as a padded batch
   (:func:`_engine_zeros_rows`).
 
@@ -56,7 +56,7 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
     aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
     for r in ref._ragged:
         if aligned[1 + r] != 1:
-            if _in_backward() and tuple(d.shape) == tuple(ref.shape):
+            if _in_backward() and _padded_like(d, ref):
                 return _engine_zeros_rows(opname, d, ref)
             raise StructureError(
                 f"{opname}(): a dense operand of shape {tuple(d.shape)} spans ragged dim {r + 1} "
@@ -81,12 +81,27 @@ def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
+def _padded_like(d: Tensor, ref: NestedTensor) -> bool:
+    """``d`` has ``ref``'s envelope shape, up to static dims of extent 1 on either side
+    (broadcasting), e.g. ``(B, max L, 1)`` against ``(B, max L, C)``."""
+    env = tuple(ref.shape)
+    if d.dim() != len(env) or d.shape[0] != env[0]:
+        return False
+    ragged = {r + 1 for r in ref._ragged}
+    return all(
+        d.shape[i] == env[i] if i in ragged else d.shape[i] in (env[i], 1) or env[i] == 1
+        for i in range(1, len(env))
+    )
+
+
 def _engine_zeros_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
-    """During backward, a dense operand of exactly ``ref``'s envelope shape is read as a
-    padded batch: each sample reads its own leading corner (``from_padded(d, like=ref)``).
+    """During backward, a dense operand of ``ref``'s envelope shape (static dims may
+    broadcast) is read as a padded batch: each sample reads its own leading corner
+    (``from_padded(d, like=ref)``).
 
     This is what the autograd engine hands a custom ``autograd.Function`` for an output whose
-    gradient is None: zeros of the output's ``shape``, dense, because padless tensors are not
+    gradient is None: zeros of that output's ``shape`` (which may differ from the other
+    outputs' in static dims), dense, because padless tensors are not
     C++ nested tensors (torch builds NJT zeros with ``zeros_like`` only for those). NJT code
     such as ``return grad_out1 + grad_out2`` in a backward then works unchanged. Outside a
     backward pass such an operand is refused as before (``from_padded(d, like=nt)`` is the

@@ -283,6 +283,13 @@ class NestedTensor(Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         handler = FUNCTION_TABLE.get(func)
+        if handler is None and func in _BACKWARD_CALLS:
+            # The engine runs backward formulas as ATen ops: an op without a handler there
+            # runs per sample at ATen level (re-running ``backward`` per sample is wrong).
+            # Only this hop is skipped: Python backward code (a custom ``autograd.Function``,
+            # hooks) still sees NestedTensors at torch level, as when backward starts from a
+            # dense loss.
+            return torch.overrides.redispatch_function(func, types, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             if handler is not None:
                 return handler(func, *args, **kwargs)
@@ -293,10 +300,6 @@ class NestedTensor(Tensor):
                 from padless.tensor.autograd import guard_broadcast
 
                 args, kwargs = guard_broadcast(args, kwargs)
-            if func in _BACKWARD_CALLS:
-                # The engine runs backward formulas as ATen ops: an op without a handler there
-                # runs per sample at ATen level (re-running ``backward`` per sample is wrong).
-                return func(*args, **kwargs)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
                 return func(*args, **kwargs)
