@@ -19,3 +19,5 @@ from padless.jagged.pooling import embedding_bag  # pooled lookups of JaggedTens
 __all__ = ["attention", "attention_modules", "contract", "dims", "embedding_bag", "features", "linear_norm", "loss", "patch_grid", "patchify", "pointwise", "reduce", "shape", "shape_rows", "unpatchify"]
 from padless.ops.attention_rows import row_attention  # SDPA with ragged batch dims; row attention over pair states
 from padless.ops import reduce_aten  # noqa: F401  (aten.sum / mean.dim / amax / amin called directly: the torch-level reductions)
+from padless.ops import reduce_nan  # noqa: F401  (nansum, nanmean, count_nonzero: sums that skip NaNs / zeros)
+from padless.ops import nested_binary  # noqa: F401  (rsub/complex/polar on rows, zero grads of copysign/nextafter/sgn, F.embedding_bag of a NestedTensor)

@@ -293,14 +293,9 @@ implements(torch.min, torch.Tensor.min)(_max_min("min", False))
 def _arg(op: str, largest: bool):
     def handler(func, nt, dim=None, keepdim: bool = False):
         if dim is None:
-            # a flat index into the packed values, as torch.nested gives; it means "row r of
-            # the packed buffer" only when the ragged dims lead every sample (no permutation)
-            if nt.storage_order != tuple(range(nt.sample_dim)):
-                raise StructureError(
-                    f"{op}(): a flat index over this NestedTensor has no meaning (its ragged dims "
-                    f"{nt.ragged_dims} are not the leading sample dims, so values are stored permuted); "
-                    "pass dim= (a dim inside the samples)"
-                )
+            # a flat index into the packed buffer ``nt.values()``, as torch.nested gives (its
+            # index into its own values()); with the ragged dims not leading, padless stores
+            # the rows ragged-first, so the index is into that (T, *static) buffer
             v = values_of(nt)
             if v.numel() == 0:
                 raise StructureError(f"{op}(): the NestedTensor holds no element")
@@ -329,9 +324,14 @@ def logsumexp(func, nt: NestedTensor, dim, keepdim: bool = False) -> Tensor:
 
 def _var(op: str, nt: NestedTensor, dim, correction, keepdim: bool, sqrt: bool) -> Tensor:
     corr = 1 if correction is None else correction
-    sdims = _dims(nt, dim, op)
     vals = values_of(nt)
     fn = torch.std if sqrt else torch.var
+    batch = _batch_reduced(nt, dim, op)
+    if batch is not None:  # batch + every ragged dim (+ static dims): one statistic over all rows
+        vd = [0] + [values_dim(nt, d - 1) for d in batch if d and d - 1 not in nt._ragged]
+        res = fn(vals, dim=vd, correction=corr) if vals.numel() else vals.sum(dim=vd) * float("nan")
+        return res.reshape(_keepdim_shape(nt, batch, res)) if keepdim else res
+    sdims = _dims(nt, dim, op)
     if sdims is None:
         return fn(vals, correction=corr) if vals.numel() else vals.sum() * float("nan")
     ragged, static = _split(nt, sdims)
