@@ -293,12 +293,23 @@ implements(torch.min, torch.Tensor.min)(_max_min("min", False))
 def _arg(op: str, largest: bool):
     def handler(func, nt, dim=None, keepdim: bool = False):
         if dim is None:
-            # a flat index into the packed buffer ``nt.values()``, as torch.nested gives (its
-            # index into its own values()); with the ragged dims not leading, padless stores
-            # the rows ragged-first, so the index is into that (T, *static) buffer
+            # a flat index into the packed buffer, as torch.nested gives: with one ragged dim,
+            # into NJT's buffer layout (the sample dims in their order, the ragged one holding
+            # all rows: (C, T) for (C, L_i) samples, where padless stores (T, C)); with several
+            # ragged dims (a padless extension), into ``values()`` when they lead every sample
+            order = nt.storage_order
+            permuted = order != tuple(range(nt.sample_dim))
+            if permuted and len(nt._ragged) > 1:
+                raise StructureError(
+                    f"{op}(): a flat index over this NestedTensor has no meaning (its ragged dims "
+                    f"{nt.ragged_dims} are not the leading sample dims, so values are stored permuted); "
+                    "pass dim= (a dim inside the samples)"
+                )
             v = values_of(nt)
             if v.numel() == 0:
                 raise StructureError(f"{op}(): the NestedTensor holds no element")
+            if permuted:  # one ragged dim: NJT's layout of the buffer
+                v = v.permute([order.index(d) for d in range(nt.sample_dim)])
             idx = v.argmax() if largest else v.argmin()
             return idx.reshape([1] * (nt.sample_dim + 1)) if keepdim else idx
         return _arg_extreme(op, nt, dim, keepdim, largest)[1]

@@ -134,8 +134,11 @@ def test_errors():
     with pytest.raises(ValueError, match=r"amax\(\): sample 1 has extent 0 along reduced dim\(s\) \(1,\)"):
         e.amax(dim=1)
     chw = padless.from_list([torch.randn(3, 4), torch.randn(3, 2)], ragged_dims=(1,))  # stored permuted
-    # argmax() without dim: a flat index into the packed buffer values() (ragged-first rows)
-    assert chw.values().flatten()[chw.argmax()] == chw.values().max()
+    # argmax() without dim, one ragged dim: a flat index into NJT's buffer layout (C, T)
+    assert chw.values().T.flatten()[chw.argmax()] == chw.values().max()
+    img = padless.from_list([torch.randn(3, 4, 5), torch.randn(3, 2, 2)], ragged_dims=(1, 2))
+    with pytest.raises(padless.StructureError, match=r"argmax\(\): a flat index over this NestedTensor has no meaning"):
+        img.argmax()
     with pytest.raises(RuntimeError, match=r"only defined together with every ragged dim \(1, 2\)"):
         make_batch("pair")[0].sum(dim=(0, 1))
     with pytest.raises(ValueError, match=r"softmax\(\): dim is required"):
