@@ -21,3 +21,4 @@ from padless.ops.attention_rows import row_attention  # SDPA with ragged batch d
 from padless.ops import reduce_aten  # noqa: F401  (aten.sum / mean.dim / amax / amin called directly: the torch-level reductions)
 from padless.ops import reduce_nan  # noqa: F401  (nansum, nanmean, count_nonzero: sums that skip NaNs / zeros)
 from padless.ops import nested_binary  # noqa: F401  (rsub/complex/polar on rows, zero grads of copysign/nextafter/sgn, F.embedding_bag of a NestedTensor)
+from padless.ops import nested_index  # noqa: F401  (torch.index_put(nt, [batch], v): whole samples, as NJT)

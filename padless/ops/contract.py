@@ -60,8 +60,13 @@ def _matmul_nested_dense(op: str, a: NestedTensor, w: Tensor) -> Tensor:
             f"{op}(): the contracted dim (last of the NestedTensor) is ragged; multiply by another "
             "NestedTensor with the same ragged extent, or transpose the static features last"
         )
+    if w.dim() > 2 and w.dim() == a.dim():
+        return _matmul_nested_batched_dense(op, a, w)
     if w.dim() > 2:
-        raise ValueError(f"{op}(): a dense right operand must be 1-D or 2-D, got shape {tuple(w.shape)}")
+        raise ValueError(
+            f"{op}(): a dense right operand must be 1-D, 2-D, or batched with one matrix per sample "
+            f"(as many dims as the NestedTensor, {a.dim()}), got shape {tuple(w.shape)}"
+        )
     vals = values_of(a)
     vd = values_dim(a, d)
     moved = vals.movedim(vd, -1) if vd != vals.dim() - 1 else vals
@@ -72,6 +77,21 @@ def _matmul_nested_dense(op: str, a: NestedTensor, w: Tensor) -> Tensor:
     if vd != vals.dim() - 1:
         out = out.movedim(-1, vd)
     return rewrap(out, a)
+
+
+def _matmul_nested_batched_dense(op: str, a: NestedTensor, w: Tensor) -> NestedTensor:
+    """NestedTensor ``(B, j, D)`` @ batched dense ``(B, D, E)``: ``sample_i @ w[i]`` (NJT's
+    NestedTensor x dense case), one matmul per sample on views of ``values``; a dense batch
+    dim of 1 applies ``w[0]`` to every sample."""
+    if w.shape[0] not in (a.batch_size, 1):
+        raise StructureError(
+            f"{op}(): a dense right operand with {w.dim()} dims is batched: its dim 0 ({w.shape[0]}) must be "
+            f"the NestedTensor's batch size ({a.batch_size}) or 1; use a 2-D matrix to apply one to every sample"
+        )
+    outs = [s @ w[i if w.shape[0] > 1 else 0] for i, s in enumerate(unbind_samples(a))]
+    if not outs:
+        raise StructureError(f"{op}(): empty batch")
+    return from_list(outs, ragged_dims=a.ragged_dims, keep_history=True)
 
 
 def _matmul_dense_nested(op: str, w: Tensor, b: NestedTensor) -> Tensor:
@@ -154,9 +174,16 @@ def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kw
     a, b = kwargs.pop("input", a), kwargs.pop("mat2", b)
     if kwargs:
         raise TypeError(f"bmm(): unexpected keyword arguments {sorted(kwargs)}")
+    if isinstance(a, NestedTensor) and a.sample_dim == 2 and isinstance(b, Tensor) and not isinstance(b, NestedTensor):
+        if b.dim() != 3:
+            raise StructureError(f"bmm(): mat2 must be 3-D (one matrix per sample), got shape {tuple(b.shape)}")
+        return _matmul_nested_batched_dense("bmm", a, b)
     for x in (a, b):
         if not isinstance(x, NestedTensor) or x.sample_dim != 2:
-            raise StructureError("bmm(): expects two NestedTensors with 2-D samples (use matmul for other ranks)")
+            raise StructureError(
+                "bmm(): expects a NestedTensor with 2-D samples and, as mat2, another such NestedTensor or a "
+                "dense (B, m, p) tensor (use matmul for other ranks)"
+            )
     return per_sample("bmm", torch.mm, [a, b], _matmul_out_ragged(a, b))
 
 

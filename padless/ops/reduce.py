@@ -272,7 +272,10 @@ def _arg_extreme(op: str, nt: NestedTensor, dim: int, keepdim: bool, largest: bo
 def _max_min(op: str, largest: bool):
     def handler(func, nt, dim=None, keepdim: bool = False, **kw):
         if isinstance(dim, Tensor):  # torch.max(a, b): elementwise
-            return run_on_rows(op, torch.maximum if largest else torch.minimum, (nt, dim), {}, False)
+            pair = torch.maximum if largest else torch.minimum
+            if torch.is_grad_enabled() and (nt.requires_grad or dim.requires_grad):
+                return pair(nt, dim)  # through autograd (ATen maximum / minimum on rows)
+            return run_on_rows(op, pair, (nt, dim), {}, False)
         if dim is None:
             v = values_of(nt)
             if v.numel() == 0:
