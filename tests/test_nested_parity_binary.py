@@ -273,3 +273,15 @@ def test_index_put_batch_indices_only_errors():
     g = _pl(_samples(BATCHES["mixed"]), requires_grad=True)
     with pytest.raises(NotImplementedError, match=r"index_put_\(\): batch indices only, in place, on tensors that require grad"):
         g.index_put_([torch.tensor([0])], torch.tensor(1.0))
+
+
+def test_dense_gradient_of_the_envelope_is_read_as_padded():
+    """The identity view behind the zero-gradient fix reads any dense envelope-shaped gradient
+    as a padded batch (each sample its leading corner), not only autograd's zero tensors."""
+    from padless.ops.nested_binary import _PackDenseGrad
+
+    x = _pl(_samples([(3, 2), (0, 2), (1, 2)]), requires_grad=True)
+    d = torch.arange(18.0).view(3, 3, 2)
+    (g,) = torch.autograd.grad(_PackDenseGrad.apply(x), x, grad_outputs=d)
+    assert isinstance(g, padless.NestedTensor)
+    _same(g, [d[0], d[1, :0], d[2, :1]])
