@@ -134,6 +134,20 @@ if os.environ.get("PADLESS_SHIM") == "1":
     for _op in _ndefs.njt_op_db:
         if getattr(_op, "ref", None) is not None:
             _op.ref = _wrap_ref(_op.ref)
+
+    # The reduction references also run the op on ``x.values()`` with dims mapped the NJT way.
+    # A transposed NJT's values() is a transposed view of its buffer; padless stores such a
+    # tensor ragged dim first and its values() is that buffer. While a reference runs, and
+    # only then, values() answers in NJT's dim order.
+    _plain_values = _PNT.values
+
+    def _values(self):
+        v, order = _plain_values(self), self.storage_order
+        if _in_ref[0] > 0 and len(self._ragged) == 1 and tuple(order) != tuple(range(len(order))):
+            return v.permute([order.index(d) for d in range(len(order))])
+        return v
+
+    _PNT.values = _values
 '''
 
 REPORT = r'''
