@@ -148,6 +148,54 @@ if os.environ.get("PADLESS_SHIM") == "1":
         return v
 
     _PNT.values = _values
+
+    # The sample generators skip inputs NJT cannot take by asking ``is_nested_int(x.size(d))``
+    # and ``x.is_contiguous()``. padless sizes are plain ints and its transposed tensors are
+    # stored contiguously, so without this both sides would get different samples (and the
+    # sample numbers would not line up). While a generator runs, and only then, a padless
+    # ragged size is a marked int and a permuted tensor answers is_contiguous() as NJT does.
+    class _RaggedSize(int):
+        pass
+
+    _in_gen = [0]
+    _plain_is_nested_int = _ndefs.is_nested_int
+    _ndefs.is_nested_int = lambda x: isinstance(x, _RaggedSize) or _plain_is_nested_int(x)
+    _plain_size = _PNT.size
+    _plain_is_contiguous = _PNT.is_contiguous
+
+    def _size(self, *args, **kwargs):
+        out = _plain_size(self, *args, **kwargs)
+        dim = args[0] if args else kwargs.get("dim")
+        if _in_gen[0] > 0 and isinstance(dim, int) and isinstance(out, int):
+            if dim % self.dim() == self._ragged_idx:
+                return _RaggedSize(out)
+        return out
+
+    def _is_contiguous(self, *args, **kwargs):
+        order = self.storage_order
+        if _in_gen[0] > 0 and tuple(order) != tuple(range(len(order))):
+            return False
+        return _plain_is_contiguous(self, *args, **kwargs)
+
+    _PNT.size = _size
+    _PNT.is_contiguous = _is_contiguous
+
+    def _wrap_gen(func):
+        def samples(*a, **kw):
+            it = iter(func(*a, **kw))
+            while True:
+                _in_gen[0] += 1
+                try:
+                    item = next(it)
+                except StopIteration:
+                    return
+                finally:
+                    _in_gen[0] -= 1
+                yield item
+        return samples
+
+    for _op in _ndefs.njt_op_db:
+        _op.sample_inputs_func = _wrap_gen(_op.sample_inputs_func)
 '''
 
 REPORT = r'''
