@@ -12,28 +12,12 @@ import torch.nn.functional as F
 
 import padless
 from padless import nested
+from padless.testing.njt import pair as _pair
+from padless.testing.njt import same as _same
+from padless.testing.njt import samples as _samples
 
 # Ragged (j, 4) samples: an empty sample in the middle, and the one-sample batch.
 BATCHES = {"mixed": [(3, 4), (0, 4), (2, 4)], "one": [(5, 4)]}
-
-
-def _samples(shapes, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=g) for s in shapes]
-
-
-def _pair(samples, requires_grad=False):
-    pl = nested.nested_tensor([s.clone() for s in samples], requires_grad=requires_grad)
-    njt = torch.nested.nested_tensor([s.clone() for s in samples], layout=torch.jagged, requires_grad=requires_grad)
-    return pl, njt
-
-
-def _same(pl, njt):
-    a, b = list(pl.unbind()), list(njt.unbind())
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.shape == y.shape
-        torch.testing.assert_close(x, y)
 
 
 @pytest.mark.parametrize("batch", BATCHES)
