@@ -27,9 +27,20 @@ Each runs twice with pytest:
   sample xfail rules (they describe NJT's own bugs: a padless OpInfo test passes only when
   every sample passes). ``--strict`` drops the rules for the NJT run too.
 
+The OpInfo references and sample generators ask ``x.is_nested``, ``is_nested_int(x.size(d))``,
+``x.is_contiguous()`` and ``x.values()`` the NJT way; while a reference or a generator runs
+(and only then) padless tensors answer as NJT would (nested, nested-int ragged sizes, NJT's
+contiguity and values dim order), so both sides get the same samples and the references
+can slice padless inputs. Each OpInfo sample is a unittest subTest: a test fails when any
+of its samples fails, samples are counted one by one, and the samples NJT's own rules
+expect to fail are marked (they run inside ``assertRaises``). With both sides the script
+lists the samples NJT passes and padless fails (``--show``).
+
 Every test is put in one bucket (both, padless only, NJT only, neither), and each padless
 failure in a failure category read from its message (private internals, nested ints, error
-type/message, layout/is_nested, compile, missing op, wrong result, ...).
+type/message, layout/is_nested, compile, missing op, wrong result, ...). Runs made
+separately (``--only``, ``-k`` parts, ``--json``) are summarised together with
+``--merge a.json b.json ...``.
 """
 
 from __future__ import annotations
@@ -341,28 +352,42 @@ def main() -> None:
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per pytest run")
     ap.add_argument("--show", action="store_true", help="list every failing test with its last error line")
     ap.add_argument("--json", help="write the per-test outcomes of both runs here")
+    ap.add_argument("--merge", nargs="+", metavar="JSON", help="summarise --json files of earlier runs instead of running")
     ap.add_argument("pytest_args", nargs="*")
     args = ap.parse_args()
-    if not args.src:
-        raise SystemExit("njt_suite: set NJT_TESTS (or --src) to PyTorch's test/test_nestedtensor.py for this torch")
     k = "TestNestedTensorSubclass" if args.no_opinfo else args.k
-    extra = ["-k", k, *args.pytest_args]
-    text = read_source(pathlib.Path(args.src), args.rev)
     results: dict[str, dict] = {}
     seconds: dict[str, float] = {}
+    if args.merge:
+        # Summarise runs made separately (e.g. --only njt, then --only padless in parts).
+        k = "merged: " + ", ".join(args.merge)
+        for path in args.merge:
+            saved = json.loads(pathlib.Path(path).read_text())
+            for mode, res in saved["tests"].items():
+                results.setdefault(mode, {}).update({i: tuple(v) for i, v in res.items()})
+            for mode, smp in saved["samples"].items():
+                SAMPLES.setdefault(mode, {}).update(smp)
+    elif not args.src:
+        raise SystemExit("njt_suite: set NJT_TESTS (or --src) to PyTorch's test/test_nestedtensor.py for this torch")
     with tempfile.TemporaryDirectory() as tmp:
-        folder = pathlib.Path(tmp)
-        (folder / "test_nestedtensor.py").write_text(text)
-        (folder / "conftest.py").write_text(SHIM + REPORT)
-        for mode in ("njt", "padless"):
-            if args.only in (None, mode):
-                results[mode], seconds[mode] = run(folder, mode, args.strict, extra, args.timeout)
+        if args.merge:
+            pass
+        else:
+            text = read_source(pathlib.Path(args.src), args.rev)
+            extra = ["-k", k, *args.pytest_args]
+            folder = pathlib.Path(tmp)
+            (folder / "test_nestedtensor.py").write_text(text)
+            (folder / "conftest.py").write_text(SHIM + REPORT)
+            for mode in ("njt", "padless"):
+                if args.only in (None, mode):
+                    results[mode], seconds[mode] = run(folder, mode, args.strict, extra, args.timeout)
     ids = sorted(set().union(*[set(r) for r in results.values()]))
     outcome = {m: {i: r.get(i, ("missing", ""))[0] for i in ids} for m, r in results.items()}
     ran = [i for i in ids if any(outcome[m][i] != "skipped" for m in results)]
     import torch
 
-    print(f"NJT's own tests ({args.src} @ {args.rev}), torch {torch.__version__}, -k {k!r}")
+    source = f"{args.src} @ {args.rev}" if args.src else "saved runs"
+    print(f"NJT's own tests ({source}), torch {torch.__version__}, -k {k!r}")
     print(f"  {len(ran)} tests ran on the CPU ({len(ids) - len(ran)} skipped: CUDA-only or skipped by the suite)")
     for grp in ("subclass", "opinfo forward", "opinfo backward", "opinfo other"):
         g = [i for i in ran if group(i) == grp]
@@ -374,6 +399,10 @@ def main() -> None:
                     f"{m} {sum(r.get(i, ('', '', 0, 0))[2] for i in g)}/"
                     f"{sum(sum(r.get(i, ('', '', 0, 0))[2:]) for i in g)}" for m, r in results.items())
                 print(f"  {'  samples':16s} {cells}")
+                if "njt" in SAMPLES:
+                    rules = [o for key, o in SAMPLES["njt"].items() if group(key.split("|")[0]) == grp]
+                    print(f"  {'':16s} NJT's rules: {rules.count('xfailed')} samples expected to fail, "
+                          f"{rules.count('skipped')} skipped (not counted above)")
     for m, s in seconds.items():
         print(f"  {m} run: {s:.0f} s")
     if len(results) == 2:
