@@ -125,87 +125,95 @@ if os.environ.get("PADLESS_SHIM") == "1":
     _cu.NestedTensorTestCase.assertEqualIgnoringNestedInts = _eq
     _cu.NestedTensorTestCase.assertEqualNoncontigAware = _nc
 
-    # The OpInfo references (unbind the input, run the op on each sample) find the nested
-    # inputs with ``x.is_nested``, which padless answers False on purpose. While a reference
-    # runs, and only then, padless tensors answer True; the op under test sees the real answer.
+    # The OpInfo references and sample generators ask padless tensors NJT's questions. While
+    # a reference or a generator runs, and only then, padless answers as NJT would: the
+    # answers are installed on the class on entry and removed on exit, so the ops under test
+    # (and Dynamo, in the compile tests) never see them.
     from torch.testing._internal.opinfo.definitions import nested as _ndefs
 
-    _in_ref = [0]
-    _PNT.is_nested = property(lambda self: _in_ref[0] > 0)
+    _missing = object()
 
-    def _wrap_ref(ref):
-        def reference(*a, **kw):
-            _in_ref[0] += 1
-            try:
-                return ref(*a, **kw)
-            finally:
-                _in_ref[0] -= 1
-        return reference
+    class _RaggedSize(int):
+        """A ragged size, read by the patched ``is_nested_int`` as a nested int."""
 
-    for _op in _ndefs.njt_op_db:
-        if getattr(_op, "ref", None) is not None:
-            _op.ref = _wrap_ref(_op.ref)
-
-    # The reduction references also run the op on ``x.values()`` with dims mapped the NJT way.
-    # A transposed NJT's values() is a transposed view of its buffer; padless stores such a
-    # tensor ragged dim first and its values() is that buffer. While a reference runs, and
-    # only then, values() answers in NJT's dim order.
-    _plain_values = _PNT.values
-
-    def _values(self):
+    def _njt_values(self):
+        # A transposed NJT's values() is a transposed view of its buffer; padless stores such
+        # a tensor ragged dim first. The reduction references map dims onto NJT's order.
         v, order = _plain_values(self), self.storage_order
-        if _in_ref[0] > 0 and len(self._ragged) == 1 and tuple(order) != tuple(range(len(order))):
+        if len(self._ragged) == 1 and tuple(order) != tuple(range(len(order))):
             return v.permute([order.index(d) for d in range(len(order))])
         return v
 
-    _PNT.values = _values
-
-    # The sample generators skip inputs NJT cannot take by asking ``is_nested_int(x.size(d))``
-    # and ``x.is_contiguous()``. padless sizes are plain ints and its transposed tensors are
-    # stored contiguously, so without this both sides would get different samples (and the
-    # sample numbers would not line up). While a generator runs, and only then, a padless
-    # ragged size is a marked int and a permuted tensor answers is_contiguous() as NJT does.
-    class _RaggedSize(int):
-        pass
-
-    _in_gen = [0]
-    _plain_is_nested_int = _ndefs.is_nested_int
-    _ndefs.is_nested_int = lambda x: isinstance(x, _RaggedSize) or _plain_is_nested_int(x)
-    _plain_size = _PNT.size
-    _plain_is_contiguous = _PNT.is_contiguous
-
-    def _size(self, *args, **kwargs):
+    def _njt_size(self, *args, **kwargs):
+        # The generators skip inputs NJT cannot take with ``is_nested_int(x.size(d))``.
         out = _plain_size(self, *args, **kwargs)
         dim = args[0] if args else kwargs.get("dim")
-        if _in_gen[0] > 0 and isinstance(dim, int) and isinstance(out, int):
-            if dim % self.dim() == self._ragged_idx:
-                return _RaggedSize(out)
+        if isinstance(dim, int) and isinstance(out, int) and dim % self.dim() == self._ragged_idx:
+            return _RaggedSize(out)
         return out
 
-    def _is_contiguous(self, *args, **kwargs):
+    def _njt_is_contiguous(self, *args, **kwargs):
+        # NJT's transposed tensors are strided views; padless stores them packed.
         order = self.storage_order
-        if _in_gen[0] > 0 and tuple(order) != tuple(range(len(order))):
+        if tuple(order) != tuple(range(len(order))):
             return False
         return _plain_is_contiguous(self, *args, **kwargs)
 
-    _PNT.size = _size
-    _PNT.is_contiguous = _is_contiguous
+    _plain_values, _plain_size, _plain_is_contiguous = _PNT.values, _PNT.size, _PNT.is_contiguous
+    # references find nested inputs with ``x.is_nested`` and slice ``x.values()``
+    _REF_ANSWERS = {"is_nested": property(lambda self: True), "values": _njt_values}
+    # generators ask ``is_nested_int(x.size(d))`` and ``x.is_contiguous()``
+    _GEN_ANSWERS = {"size": _njt_size, "is_contiguous": _njt_is_contiguous}
+    _depth = {}
+
+    def _enter(answers):
+        key = id(answers)
+        _depth[key] = _depth.get(key, 0) + 1
+        if _depth[key] == 1:
+            answers["__saved__"] = {n: _PNT.__dict__.get(n, _missing) for n in answers if n != "__saved__"}
+            for n, fn in answers.items():
+                if n != "__saved__":
+                    setattr(_PNT, n, fn)
+
+    def _exit(answers):
+        key = id(answers)
+        _depth[key] -= 1
+        if _depth[key] == 0:
+            for n, orig in answers.pop("__saved__").items():
+                if orig is _missing:
+                    delattr(_PNT, n)
+                else:
+                    setattr(_PNT, n, orig)
+
+    _plain_is_nested_int = _ndefs.is_nested_int
+    _ndefs.is_nested_int = lambda x: isinstance(x, _RaggedSize) or _plain_is_nested_int(x)
+
+    def _wrap_ref(ref):
+        def reference(*a, **kw):
+            _enter(_REF_ANSWERS)
+            try:
+                return ref(*a, **kw)
+            finally:
+                _exit(_REF_ANSWERS)
+        return reference
 
     def _wrap_gen(func):
         def samples(*a, **kw):
             it = iter(func(*a, **kw))
             while True:
-                _in_gen[0] += 1
+                _enter(_GEN_ANSWERS)
                 try:
                     item = next(it)
                 except StopIteration:
                     return
                 finally:
-                    _in_gen[0] -= 1
+                    _exit(_GEN_ANSWERS)
                 yield item
         return samples
 
     for _op in _ndefs.njt_op_db:
+        if getattr(_op, "ref", None) is not None:
+            _op.ref = _wrap_ref(_op.ref)
         _op.sample_inputs_func = _wrap_gen(_op.sample_inputs_func)
 '''
 
