@@ -22,7 +22,9 @@ def pair(samples, requires_grad=False):
 def same(pl, njt):
     """Equal sample by sample: shapes and values."""
     a, b = list(pl.unbind()), list(njt.unbind())
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.shape == y.shape
-        torch.testing.assert_close(x, y)
+    if len(a) != len(b):
+        raise AssertionError(f"padless has {len(a)} samples, the NJT {len(b)}")
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape:
+            raise AssertionError(f"sample {i}: padless shape {tuple(x.shape)}, NJT shape {tuple(y.shape)}")
+        torch.testing.assert_close(x, y, msg=lambda m, i=i: f"sample {i}: {m}")
