@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops import dims
-from padless.ops.attention_rows_compiled import dense_sample, ragged_sdpa, sample_sdpa
+from padless.ops.attention_rows_compiled import ragged_sdpa, sample_sdpa
+from padless.tensor.layout import sample_view
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
@@ -254,7 +255,7 @@ class _SampleViews(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: Tensor, offsets: list[int], shapes: list[list[int]], order: tuple[int, ...]):  # type: ignore[override]
         ctx.meta = (values.shape, offsets, shapes, order)
-        return tuple(dense_sample(values[offsets[i]:offsets[i + 1]], s, order) for i, s in enumerate(shapes))
+        return tuple(sample_view(values[offsets[i]:offsets[i + 1]], s, order) for i, s in enumerate(shapes))
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None):  # type: ignore[override]
@@ -264,7 +265,7 @@ class _SampleViews(torch.autograd.Function):
             return None, None, None, None
         buf = like.new_empty(shape)
         for i, (g, s) in enumerate(zip(grads, shapes)):
-            view = dense_sample(buf[offsets[i]:offsets[i + 1]], s, order)
+            view = sample_view(buf[offsets[i]:offsets[i + 1]], s, order)
             if g is None:
                 view.zero_()
             else:
@@ -280,14 +281,14 @@ class _PackRows(torch.autograd.Function):
     def forward(ctx, shape: tuple[int, ...], offsets: list[int], order: tuple[int, ...], *samples: Tensor):  # type: ignore[override]
         out = samples[0].new_empty(shape)
         for i, s in enumerate(samples):
-            dense_sample(out[offsets[i]:offsets[i + 1]], s.shape, order).copy_(s)
+            sample_view(out[offsets[i]:offsets[i + 1]], s.shape, order).copy_(s)
         ctx.meta = (offsets, order, [s.shape for s in samples])
         return out
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
         offsets, order, shapes = ctx.meta
-        views = [dense_sample(grad[offsets[i]:offsets[i + 1]], s, order) for i, s in enumerate(shapes)]
+        views = [sample_view(grad[offsets[i]:offsets[i + 1]], s, order) for i, s in enumerate(shapes)]
         return (None, None, None, *views)
 
 

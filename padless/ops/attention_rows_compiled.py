@@ -16,7 +16,7 @@ value and float mask (the pair bias): the same formulas as eager, one sample's
 
 Every tensor operand is described by its packed rows, offsets, sizes and storage order
 (``NestedTensor.storage_order``); a sample is rebuilt as the dense tensor of that
-sample (``dense_sample``) and its output written back in the query's row order
+sample (``layout.sample_view``) and its output written back in the query's row order
 (``sample_rows``). For a pair state ``(N, N, H, E)`` seen as ``(N, H, N, E)`` (ragged
 sample dims 0 and 2) with ``N = 2`` and one head::
 
@@ -33,26 +33,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.tensor.layout import sample_view
 from padless.tensor.traced import autograd_inside_op
 
 
-def _inverse(order: Sequence[int]) -> list[int]:
-    inv = [0] * len(order)
-    for i, p in enumerate(order):
-        inv[p] = i
-    return inv
-
-
-def dense_sample(rows: Tensor, shape: Sequence[int], order: Sequence[int]) -> Tensor:
-    """One sample's rows ``(R, *static)`` as its dense ``shape`` (sample dim order)."""
-    t = rows.reshape([int(shape[d]) for d in order])
-    if tuple(order) != tuple(range(len(order))):
-        t = t.permute(_inverse(order))
-    return t
-
-
 def sample_rows(sample: Tensor, order: Sequence[int], n_ragged: int) -> Tensor:
-    """Inverse of :func:`dense_sample`: the sample's rows ``(R, *static)`` in storage order."""
+    """Inverse of :func:`~padless.tensor.layout.sample_view`: the sample's rows ``(R, *static)`` in storage order."""
     if tuple(order) != tuple(range(len(order))):
         sample = sample.permute(list(order))
     return sample.reshape((-1, *sample.shape[n_ragged:]))
@@ -102,7 +88,7 @@ class _Operands:
     def sample(self, j: int, i: int, t: Tensor | None = None) -> Tensor:
         o = self.offsets[j]
         src = self.tensors[j] if t is None else t
-        return dense_sample(src[o[i]:o[i + 1]], self.sizes[j][i], self.orders[j])
+        return sample_view(src[o[i]:o[i + 1]], self.sizes[j][i], self.orders[j])
 
     def n_ragged(self, j: int) -> int:
         return len(self.orders[j]) - (self.tensors[j].dim() - 1)

@@ -33,6 +33,7 @@ from padless.ops.structure import STATIC, keep_all, outer_dim, restructure, valu
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
+from padless.tensor.layout import inverse_order
 from padless.tensor.registry import implements
 
 # ---------------------------------------------------------------------------- dims
@@ -312,7 +313,7 @@ def _arg(op: str, largest: bool):
             if v.numel() == 0:
                 raise StructureError(f"{op}(): the NestedTensor holds no element")
             if permuted:  # one ragged dim: NJT's layout of the buffer
-                v = v.permute([order.index(d) for d in range(nt.sample_dim)])
+                v = v.permute(inverse_order(order))
             idx = v.argmax() if largest else v.argmin()
             return idx.reshape([1] * (nt.sample_dim + 1)) if keepdim else idx
         return _arg_extreme(op, nt, dim, keepdim, largest)[1]

@@ -81,7 +81,7 @@ def _to_dense(nt: NestedTensor, vals: Tensor, shape: tuple[int, ...], ids: list[
         part = vals.index_select(0, rows)
     order = layout.storage_order(len(shape), nt._ragged)
     stored = part.reshape(n, *[shape[d] for d in order])
-    return stored.permute(0, *[1 + order.index(d) for d in range(len(shape))])
+    return stored.permute(0, *[1 + p for p in layout.inverse_order(order)])
 
 
 def _to_rows(out: Tensor, ragged: tuple[int, ...]) -> Tensor:

@@ -19,21 +19,9 @@ from padless.tensor.registry import lent
 from padless.tensor.traced import select_sample
 
 
-def _inverse(perm: Sequence[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
-
-
 def _sample_view(nt: NestedTensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
     """Rows of one sample viewed with that sample's dense shape (sample dim order)."""
-    order = nt.storage_order
-    stored_shape = [int(shape[d]) for d in order]
-    t = rows.reshape(stored_shape)
-    if order != tuple(range(len(order))):
-        t = t.permute(_inverse(order))
-    return t
+    return layout.sample_view(rows, shape, nt.storage_order)
 
 
 def unbind_samples(nt: NestedTensor, differentiable: bool = True) -> tuple[Tensor, ...]:
@@ -117,7 +105,7 @@ def padded_copy(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int]
         idx = _padded_index(nt, target)
         grid = vals.new_full((grid_rows, *static), value).index_copy(0, idx, vals)
     grid = grid.reshape(b, *[target[d] for d in ragged], *static)
-    out = grid.permute(0, *[p + 1 for p in _inverse(order)])
+    out = grid.permute(0, *[p + 1 for p in layout.inverse_order(order)])
     static_targets = [target[d] for d in order[len(ragged):]]
     if static_targets != static:
         big = vals.new_full((b, *target), value)

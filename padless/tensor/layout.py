@@ -23,6 +23,23 @@ def storage_order(ndim: int, ragged: Sequence[int]) -> tuple[int, ...]:
     return rs + tuple(d for d in range(ndim) if d not in rs)
 
 
+def inverse_order(order: Sequence[int]) -> list[int]:
+    """The permutation that undoes ``order``: storage order back to sample dim order."""
+    inv = [0] * len(order)
+    for i, p in enumerate(order):
+        inv[p] = i
+    return inv
+
+
+def sample_view(rows: Tensor, shape: Sequence[int], order: Sequence[int]) -> Tensor:
+    """One sample's rows ``(R, *static)``, stored in ``order``, viewed with its dense
+    ``shape`` (sample dim order)."""
+    t = rows.reshape([int(shape[d]) for d in order])
+    if tuple(order) != tuple(range(len(order))):
+        t = t.permute(inverse_order(order))
+    return t
+
+
 def static_dims(ndim: int, ragged: Sequence[int]) -> tuple[int, ...]:
     return tuple(d for d in range(ndim) if d not in ragged)
 

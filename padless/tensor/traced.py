@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor.core import StructureMeta, _is_traced, register_carried
+from padless.tensor.layout import sample_view
 
 #: Carried names of the extent carriers, one per sample dim: a structure built under compile
 #: with a data-dependent envelope extent along sample dim ``d`` caches its carrier under
@@ -113,8 +114,7 @@ def select_sample(values: Tensor, offsets: Tensor, sizes: Tensor, index: int, or
     sample's ragged extents are unbacked sizes: ``nt[i]`` compiles without reading sizes."""
     lo, hi = int(offsets[index]), int(offsets[index + 1])
     shape = [int(s) for s in sizes[index].tolist()]
-    stored = values[lo:hi].reshape([shape[d] for d in order])
-    return stored.permute(_inverse(order)).clone()
+    return sample_view(values[lo:hi], shape, order).clone()
 
 
 @select_sample.register_fake
@@ -155,13 +155,6 @@ def _select_sample_grad(ctx, grad: Tensor):
 
 
 select_sample.register_autograd(_select_sample_grad, setup_context=_select_sample_setup)
-
-
-def _inverse(perm: list[int]) -> list[int]:
-    inv = [0] * len(perm)
-    for i, p in enumerate(perm):
-        inv[p] = i
-    return inv
 
 
 # ---------------------------------------------------------------------------- row ranges
