@@ -24,7 +24,7 @@ One structure, three naming schemes::
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -33,11 +33,16 @@ from padless.collate.opcache import field_meta
 from padless.tensor.convert import _padded_index
 from padless.tensor.core import NestedTensor
 
-if TYPE_CHECKING:
-    from padless.collate.batch import Batch
+
+class BatchLike(Protocol):
+    """What these functions read from a batch: its fields by name. A
+    :class:`padless.collate.batch.Batch` is one; ``Batch`` imports this module (its
+    ``flash_attn_kwargs``/``hf_kwargs``/``padded`` methods call these), never the reverse."""
+
+    def __getitem__(self, field: str) -> Any: ...
 
 
-def _ragged(batch: "Batch", field: str, op: str, one_dim: bool) -> NestedTensor:
+def _ragged(batch: BatchLike, field: str, op: str, one_dim: bool) -> NestedTensor:
     x = batch[field]
     if not isinstance(x, NestedTensor):
         raise TypeError(
@@ -52,7 +57,7 @@ def _ragged(batch: "Batch", field: str, op: str, one_dim: bool) -> NestedTensor:
     return x
 
 
-def flash_attn_kwargs(batch: "Batch", field: str, key_field: str | None = None) -> dict[str, Any]:
+def flash_attn_kwargs(batch: BatchLike, field: str, key_field: str | None = None) -> dict[str, Any]:
     """``cu_seqlens_q/k`` (int32, on the batch's device) and ``max_seqlen_q/k`` (python ints)
     for ``flash_attn_varlen_func``; ``key_field`` for cross-attention (default: ``field``)."""
     q = _ragged(batch, field, "flash_attn_kwargs", True)
@@ -66,7 +71,7 @@ def flash_attn_kwargs(batch: "Batch", field: str, key_field: str | None = None) 
 
 
 def hf_kwargs(
-    batch: "Batch",
+    batch: BatchLike,
     field: str,
     *,
     causal: bool = True,
@@ -131,7 +136,7 @@ def sample_block_mask(x: NestedTensor, causal: bool, dtype: torch.dtype) -> Tens
     return torch.where(keep, zero, low)[None, None]
 
 
-def padded(batch: "Batch", field: str, value: float = 0.0) -> tuple[Tensor, Tensor]:
+def padded(batch: BatchLike, field: str, value: float = 0.0) -> tuple[Tensor, Tensor]:
     """``(padded, mask)``: the field as a dense ``(B, *envelope)`` tensor with ``value`` in the
     padding, and a bool mask over its ragged dims (``(B, L)`` for ``(L_i, C)`` samples,
     ``(B, H, W)`` for ``(C, H_i, W_i)`` images), True on real positions."""

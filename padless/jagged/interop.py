@@ -1,4 +1,9 @@
-"""Conversion to and from TorchRec's types, when ``torchrec`` is importable (never required)."""
+"""Conversion to and from TorchRec's types, when ``torchrec`` is importable (never required).
+
+The same conversions as the types' ``to_torchrec()``/``from_torchrec()`` methods, as
+functions. This module sits above the three types; what they share with TorchRec (its
+module, loaded on demand, and the constructor arguments) is ``padless.jagged._torchrec``.
+"""
 
 from __future__ import annotations
 
@@ -9,64 +14,25 @@ from padless.jagged.keyed_jagged import KeyedJaggedTensor
 from padless.jagged.keyed_tensor import KeyedTensor
 
 
-def _torchrec() -> Any:
-    try:
-        import torchrec.sparse.jagged_tensor as trj
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            f"padless.jagged: converting to or from TorchRec needs the torchrec package ({e}); "
-            "padless' own JaggedTensor/KeyedJaggedTensor/KeyedTensor work without it"
-        ) from e
-    return trj
-
-
 def jt_to_torchrec(jt: JaggedTensor) -> Any:
-    return _torchrec().JaggedTensor(
-        values=jt.values(), weights=jt.weights_or_none(), lengths=jt.lengths_or_none(), offsets=jt.offsets_or_none()
-    )
+    return jt.to_torchrec()
 
 
 def jt_from_torchrec(jt: Any) -> JaggedTensor:
-    return JaggedTensor(
-        values=jt.values(), weights=jt.weights_or_none(), lengths=jt.lengths_or_none(), offsets=jt.offsets_or_none()
-    )
+    return JaggedTensor.from_torchrec(jt)
 
 
 def kjt_to_torchrec(kjt: KeyedJaggedTensor) -> Any:
-    variable = kjt.variable_stride_per_key()
-    return _torchrec().KeyedJaggedTensor(
-        keys=kjt.keys(),
-        values=kjt.values(),
-        weights=kjt.weights_or_none(),
-        lengths=kjt.lengths_or_none(),
-        offsets=kjt.offsets_or_none(),
-        stride=None if variable else kjt.stride(),
-        stride_per_key_per_rank=kjt.stride_per_key_per_rank() if variable else None,
-        length_per_key=kjt.length_per_key_or_none(),
-        offset_per_key=kjt.offset_per_key_or_none(),
-    )
+    return kjt.to_torchrec()
 
 
 def kjt_from_torchrec(kjt: Any) -> KeyedJaggedTensor:
-    variable = kjt.variable_stride_per_key()
-    return KeyedJaggedTensor(
-        keys=kjt.keys(),
-        values=kjt.values(),
-        weights=kjt.weights_or_none(),
-        lengths=kjt.lengths_or_none(),
-        offsets=kjt.offsets_or_none(),
-        stride=None if variable else kjt.stride(),
-        stride_per_key_per_rank=kjt.stride_per_key_per_rank() if variable else None,
-        length_per_key=kjt.length_per_key_or_none(),
-        offset_per_key=kjt.offset_per_key_or_none(),
-    )
+    return KeyedJaggedTensor.from_torchrec(kjt)
 
 
 def kt_to_torchrec(kt: KeyedTensor) -> Any:
-    return _torchrec().KeyedTensor(
-        keys=kt.keys(), length_per_key=kt.length_per_key(), values=kt.values(), key_dim=kt.key_dim()
-    )
+    return kt.to_torchrec()
 
 
 def kt_from_torchrec(kt: Any) -> KeyedTensor:
-    return KeyedTensor(keys=kt.keys(), length_per_key=kt.length_per_key(), values=kt.values(), key_dim=kt.key_dim())
+    return KeyedTensor.from_torchrec(kt)

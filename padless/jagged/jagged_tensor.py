@@ -12,7 +12,7 @@ from torch import Tensor
 from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
-from padless.jagged import fx
+from padless.jagged import _torchrec, fx
 from padless.tensor.errors import StructureError
 
 if TYPE_CHECKING:
@@ -426,15 +426,12 @@ class JaggedTensor:
     # ------------------------------------------------------------------ torchrec
 
     def to_torchrec(self) -> Any:
-        from padless.jagged.interop import jt_to_torchrec
-
-        return jt_to_torchrec(self)
+        """TorchRec's JaggedTensor over the same tensors (needs the torchrec package)."""
+        return _torchrec.module().JaggedTensor(**_torchrec.jt_kwargs(self))
 
     @staticmethod
     def from_torchrec(jt: Any) -> "JaggedTensor":
-        from padless.jagged.interop import jt_from_torchrec
-
-        return jt_from_torchrec(jt)
+        return JaggedTensor(**_torchrec.jt_kwargs(jt))
 
     def size_in_bytes(self) -> int:
         """Bytes held by values, weights, lengths and offsets (those present; as TorchRec counts)."""

@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
-from padless.jagged import fx
+from padless.jagged import _torchrec, fx
 
 
 class KeyedTensor:
@@ -177,15 +177,12 @@ class KeyedTensor:
         C.record(self._values, stream)
 
     def to_torchrec(self) -> Any:
-        from padless.jagged.interop import kt_to_torchrec
-
-        return kt_to_torchrec(self)
+        """TorchRec's KeyedTensor over the same values (needs the torchrec package)."""
+        return _torchrec.module().KeyedTensor(**_torchrec.kt_kwargs(self))
 
     @staticmethod
     def from_torchrec(kt: Any) -> "KeyedTensor":
-        from padless.jagged.interop import kt_from_torchrec
-
-        return kt_from_torchrec(kt)
+        return KeyedTensor(**_torchrec.kt_kwargs(kt))
 
     def size_in_bytes(self) -> int:
         """Bytes held by the values (as TorchRec counts them)."""

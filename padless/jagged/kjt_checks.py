@@ -1,22 +1,20 @@
-"""The structure checks a KeyedJaggedTensor defers to first use, and its given per-key lists.
+"""What a KeyedJaggedTensor's constructor normalises without reading its structure.
 
-Nothing here raises for a structure TorchRec accepts: a fault (lengths that need more rows
-than the values hold, negative lengths, offsets that decrease, given per-key lists that
-disagree with the lengths, weights with fewer rows than the lengths use) is recorded on the KJT as a message,
-and ``KeyedJaggedTensor._host()``/``validate()`` raise it for what reads values through the
-structure (see ``padless.jagged._checks``).
+The per-key-per-rank strides (lists, or TorchRec's int tensor) and the per-key lists a
+caller gives (``length_per_key``/``offset_per_key``). Nothing here raises for a structure
+TorchRec accepts: given lists that cannot be right are returned as a fault message, which
+the KJT records and raises for what reads values through the structure (see
+``padless.jagged._checks``). The checks construction defers to first use, which read the
+host lengths and offsets, are ``KeyedJaggedBase._check`` (``padless.jagged.kjt_base``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-import torch
+from torch import Tensor
 
 from padless.jagged import _checks as C
-
-if TYPE_CHECKING:
-    from padless.jagged.keyed_jagged import KeyedJaggedTensor
 
 WHAT = "KeyedJaggedTensor"
 
@@ -56,40 +54,10 @@ def given_lists(
     return lpk, opk, blame, fault
 
 
-def check(kjt: "KeyedJaggedTensor") -> None:
-    """The checks ``KeyedJaggedTensor`` construction defers, for a KJT not checked yet.
-
-    Fills ``length_per_key``/``offset_per_key`` as TorchRec derives them (faulty or not;
-    given lists stay as given) and records the first fault. Host lengths alone (the common
-    case) take one min and one per-key sum, leaving the bag offsets' cumsum to the first
-    op that needs them (the ``CHECKED`` state).
-    """
-    blame = kjt._pending
-    lengths, offsets = kjt._lengths, kjt._offsets
-    total = kjt._values.shape[0]
-    if (
-        offsets is None and lengths is not None and kjt._stride_per_key_per_rank is None
-        and lengths.numel() and lengths.device.type == "cpu"
-    ):
-        opk, fault = C.key_offsets(WHAT, lengths, len(kjt._keys), kjt._stride, total)
-        host = None
-    else:
-        if lengths is None and offsets is None:  # no bags
-            host, fault = torch.zeros(1, dtype=torch.int64), None
-        else:
-            host, fault = C.host_offsets(WHAT, lengths, offsets, total)
-        hn = None if host is None else host.numpy()
-        opk = None if hn is None else (hn[kjt.lengths_offset_per_key()] - hn[0]).tolist()
-    if fault is None and opk is not None and kjt._weights is not None:
-        fault = C.short_weights(WHAT, kjt._weights, opk[-1])
-    if opk is not None:
-        if not blame:
-            kjt._offset_per_key = opk
-            kjt._length_per_key = [b - a for a, b in zip(opk[:-1], opk[1:])]
-        elif kjt._offset_per_key != opk and fault is None:
-            given = kjt._length_per_key if blame == "length_per_key" else kjt._offset_per_key
-            lpk = [b - a for a, b in zip(opk[:-1], opk[1:])]
-            fault = f"{WHAT}: {blame} {given} disagrees with lengths (which give {lpk if blame == 'length_per_key' else opk})"
-    kjt._fault = kjt._fault or fault
-    kjt._host_offsets = host if kjt._fault is None else None
-    kjt._pending = C.CHECKED if opk is not None and host is None and kjt._fault is None else None
+def spkpr_list(spkpr: Sequence[Sequence[int]] | Tensor | None) -> list[list[int]] | None:
+    """Per-key-per-rank strides as lists (TorchRec also passes an int tensor ``(keys, ranks)``)."""
+    if spkpr is None:
+        return None
+    if isinstance(spkpr, Tensor):
+        return [[int(s) for s in r] for r in spkpr.tolist()] if spkpr.dim() == 2 else []
+    return [[int(s) for s in r] for r in spkpr]

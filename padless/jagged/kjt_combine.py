@@ -7,7 +7,7 @@ cumsum on first need), never per key. Parts built lazily by the caller are check
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -15,12 +15,13 @@ from torch import Tensor
 
 from padless.jagged import _checks as C
 from padless.jagged.jagged_tensor import JaggedTensor
+from padless.jagged.kjt_base import KeyedJaggedBase
 
-if TYPE_CHECKING:
-    from padless.jagged.keyed_jagged import KeyedJaggedTensor
+# the parts' own class (``KeyedJaggedTensor``, which sits above this module) builds the result
+K = TypeVar("K", bound=KeyedJaggedBase)
 
 
-def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
+def concat(kjt_list: Sequence[K]) -> K:
     """``KeyedJaggedTensor.concat``: the keys of every KJT, in order (same batch, or a
     variable stride per key).
 
@@ -95,15 +96,12 @@ def concat(kjt_list: Sequence["KeyedJaggedTensor"]) -> "KeyedJaggedTensor":
     return out
 
 
-def from_jt_dict(
-    cls: type["KeyedJaggedTensor"], jt_dict: Mapping[str, JaggedTensor], force_variable_stride: bool = False
-) -> "KeyedJaggedTensor":
-    """``KeyedJaggedTensor.from_jt_dict``: one JaggedTensor per key, concatenated in dict order."""
+def from_jt_dict(cls: type[K], jt_dict: Mapping[str, JaggedTensor], force_variable_stride: bool = False) -> K:
+    """``KeyedJaggedTensor.from_jt_dict``: one JaggedTensor per key, concatenated in dict order,
+    built as ``cls``. ``jt_dict`` has at least one key (the method answers ``{}`` itself)."""
     what = "KeyedJaggedTensor.from_jt_dict"
     keys = list(jt_dict)
     jts = [jt_dict[k] for k in keys]
-    if not jts:
-        return cls.empty()
     weighted = [jt.weights_or_none() is not None for jt in jts]
     if any(weighted) and not all(weighted):
         raise ValueError(f"{what}: some JaggedTensors have weights and some do not: {dict(zip(keys, weighted))}")
