@@ -4,7 +4,8 @@ Structure-aware handlers compute on ``values`` with ordinary torch ops. Two
 autograd functions connect the NestedTensor to that buffer in both directions:
 
 * :func:`values_of` (NestedTensor -> values): the backward wraps the incoming dense
-  gradient into a NestedTensor of the same structure;
+  gradient into a NestedTensor of the same structure (defined in
+  :mod:`padless.tensor.core`, since ``NestedTensor.values()`` calls it; re-exported here);
 * :func:`nested_from_values` (values -> NestedTensor): the backward hands the
   NestedTensor gradient's ``values`` to the buffer.
 
@@ -19,7 +20,10 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout
-from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, static_change
+from padless.tensor.core import NestedTensor, _apply, values_of  # values_of, _apply: also imported from here
+from padless.tensor.dynamo import _is_traced
+from padless.tensor.registry import lend
+from padless.tensor.structure import StructureMeta, _structure_mismatch, static_change
 
 
 def _grad_values(grad: Tensor, like: NestedTensor | None = None) -> Tensor:
@@ -29,21 +33,6 @@ def _grad_values(grad: Tensor, like: NestedTensor | None = None) -> Tensor:
         f"padless: expected the gradient of a NestedTensor to be a NestedTensor, got a dense "
         f"Tensor of shape {tuple(grad.shape)}"
     )
-
-
-class _ValuesView(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, nt: NestedTensor) -> Tensor:  # type: ignore[override]
-        ctx.struct = (nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
-        return nt._values.detach()
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        if any(st == 0 and n > 1 for st, n in zip(grad.stride(), grad.shape)):
-            # e.g. the expanded ones of ``values().sum()``: autograd may keep this gradient as a
-            # leaf's ``.grad`` and accumulate into it in place, which an overlapping buffer refuses
-            grad = grad.contiguous()
-        return NestedTensor(grad, *ctx.struct)
 
 
 class _NestedView(torch.autograd.Function):
@@ -121,21 +110,6 @@ def _unbroadcast(values: Tensor, grad: NestedTensor, struct: tuple) -> Tensor:
     return out.index_add(0, idx.to(g.device), g)
 
 
-def _apply(fn: type[torch.autograd.Function], *args):
-    """``fn.apply`` without the Python wrapper's functorch bookkeeping when no functorch
-    transform is active and nothing is being compiled (a few microseconds per op)."""
-    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
-        return fn.apply(*args)
-    return super(torch.autograd.Function, fn).apply(*args)  # type: ignore[misc]
-
-
-def values_of(nt: NestedTensor) -> Tensor:
-    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed."""
-    if nt.requires_grad and torch.is_grad_enabled():
-        return _apply(_ValuesView, nt)
-    return nt._values
-
-
 def nested_from_values(
     values: Tensor,
     offsets: Tensor,
@@ -161,6 +135,7 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
 
 
+@lend("guard_broadcast")  # NestedTensor.__torch_function__ calls it; core cannot import this module
 def guard_broadcast(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Give the operands of a broadcasting elementwise call a gradient checkpoint.
 
@@ -193,8 +168,6 @@ def guard_broadcast(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     ]
     differ = False
     if len(nts) > 1:
-        from padless.tensor.core import _structure_mismatch
-
         differ = not all(n._meta is ref._meta or _structure_mismatch(ref, n) is None for n in nts[1:])
     if not differ and not dense:
         return args, kwargs

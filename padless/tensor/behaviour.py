@@ -10,8 +10,9 @@ import torch
 from torch import Tensor
 
 from padless.tensor.convert import getitem, unbind_samples
-from padless.tensor.core import NestedTensor, StructureMeta, check_same_structure, inner_tensors, wrap_like
+from padless.tensor.core import NestedTensor, inner_tensors, wrap_like
 from padless.tensor.registry import implements, implements_aten, lent
+from padless.tensor.structure import StructureMeta, check_same_structure
 
 aten = torch.ops.aten
 

@@ -10,28 +10,14 @@ from torch import Tensor
 
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values
-from padless.tensor.core import NestedTensor, StructureMeta, envelope_from_sizes, mark_dynamic
+from padless.tensor.convert import pack_like, pack_lengths
+from padless.tensor.core import NestedTensor
+from padless.tensor.dynamo import mark_dynamic
 from padless.tensor.errors import StructureError
+from padless.tensor.structure import StructureMeta, envelope_from_sizes
+from padless.tensor.validate import norm_ragged_dims
 
 # ---------------------------------------------------------------------------- shared pieces
-
-
-def _norm_dims(dims: Sequence[int] | int, ndim: int, what: str) -> tuple[int, ...]:
-    if isinstance(dims, int):
-        dims = (dims,)
-    out = []
-    for d in dims:
-        if not isinstance(d, int) or isinstance(d, bool):
-            raise TypeError(f"{what}: ragged_dims must be ints (sample dims, batch excluded), got {d!r}")
-        if not -ndim <= d < ndim:
-            raise StructureError(
-                f"{what}: ragged dim {d} is out of range for samples of rank {ndim} "
-                f"(ragged_dims count sample dims, batch excluded)"
-            )
-        out.append(d % ndim)
-    if len(set(out)) != len(out):
-        raise StructureError(f"{what}: ragged_dims {tuple(dims)} repeats a dim")
-    return tuple(sorted(out))
 
 
 def _finish(
@@ -96,7 +82,7 @@ def infer_ragged(shapes: Sequence[tuple[int, ...]], ragged_dims, what: str) -> t
         if not varying and ndim > 0:
             varying = (0,)  # a batch of equal-size sequences: the leading dim is the ragged one
         return varying
-    ragged = _norm_dims(ragged_dims, ndim, what)
+    ragged = norm_ragged_dims(ragged_dims, ndim, what)
     for d in range(ndim):
         if d in ragged:
             continue
@@ -261,12 +247,8 @@ def from_padded(
     if like is not None:
         if lengths is not None or mask is not None or ragged_dims is not None:
             raise StructureError(f"{what}: like= gives the whole structure; pass no lengths, mask or ragged_dims with it")
-        from padless.tensor.convert import pack_like
-
         return pack_like(padded, like)
     if torch.compiler.is_compiling() and (isinstance(lengths, Tensor) or (lengths is None and isinstance(mask, Tensor))):
-        from padless.tensor.convert import pack_lengths
-
         return pack_lengths(padded, lengths, ragged_dims, mask)
     if not isinstance(padded, Tensor) or isinstance(padded, NestedTensor):
         raise TypeError(f"{what}: padded must be a dense tensor, got {type(padded).__name__}")
@@ -285,7 +267,7 @@ def from_padded(
             )
         lens = _mask_lengths(mask.cpu(), what)
         covered = tuple(range(mask.dim() - 1))
-        ragged = covered if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
+        ragged = covered if ragged_dims is None else norm_ragged_dims(ragged_dims, ndim, what)
         for j, d in enumerate(covered):
             if d not in ragged and bool((lens[:, j] != padded.shape[d + 1]).any()):
                 raise StructureError(f"{what}: mask varies along dim {d}, which is not in ragged_dims={ragged}")
@@ -301,7 +283,7 @@ def from_padded(
         if lens.dim() != 2 or lens.shape[0] != b:
             raise StructureError(f"{what}: lengths must be (B,) or (B, R) with B={b}, got shape {tuple(lens.shape)}")
         r = lens.shape[1]
-        ragged = tuple(range(r)) if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
+        ragged = tuple(range(r)) if ragged_dims is None else norm_ragged_dims(ragged_dims, ndim, what)
         if len(ragged) != r:
             raise StructureError(f"{what}: lengths has {r} column(s) but ragged_dims={ragged} names {len(ragged)} dim(s)")
         full = torch.tensor(padded.shape[1:], dtype=torch.int64).repeat(b, 1)
@@ -418,7 +400,7 @@ def from_values(
         n_r = ndim - len(static)
         if n_r < 0:
             raise StructureError(f"{what}: sizes has D={ndim} dims but values has {len(static)} static dims")
-        ragged = tuple(range(n_r)) if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
+        ragged = tuple(range(n_r)) if ragged_dims is None else norm_ragged_dims(ragged_dims, ndim, what)
         if len(ragged) != n_r:
             raise StructureError(
                 f"{what}: ragged_dims={ragged} leaves {ndim - len(ragged)} static dims, values has {len(static)}"
@@ -470,7 +452,7 @@ def from_values(
             offsets = offsets.to(torch.int64)
             lengths = offsets[1:] - offsets[:-1]
         ndim = 1 + len(static)
-        r = 0 if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
+        r = 0 if ragged_dims is None else norm_ragged_dims(ragged_dims, ndim, what)
         if isinstance(r, tuple):
             if len(r) != 1:
                 raise StructureError(f"{what}: offsets/lengths describe one ragged dim; for several pass sizes=")

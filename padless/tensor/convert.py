@@ -13,10 +13,13 @@ from torch import Tensor
 
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, split_rows, values_of
-from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, mark_dynamic, static_change
+from padless.tensor.core import NestedTensor
+from padless.tensor.dynamo import _is_traced, mark_dynamic
 from padless.tensor.errors import StructureError
-from padless.tensor.registry import lent
+from padless.tensor.registry import lend, lent
+from padless.tensor.structure import StructureMeta, envelope_from_sizes, static_change
 from padless.tensor.traced import select_sample
+from padless.tensor.validate import norm_ragged_dims
 
 
 def _sample_view(nt: NestedTensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
@@ -24,6 +27,7 @@ def _sample_view(nt: NestedTensor, rows: Tensor, shape: Sequence[int]) -> Tensor
     return layout.sample_view(rows, shape, nt.storage_order)
 
 
+@lend("unbind_samples")  # NestedTensor.__repr__ calls it; core cannot import this module
 def unbind_samples(nt: NestedTensor, differentiable: bool = True) -> tuple[Tensor, ...]:
     """Every sample as a dense tensor (views of ``values`` when the layout allows).
 
@@ -196,8 +200,6 @@ def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
         rows = ho[:-1].index_select(0, sel).index_select(0, sid) + torch.arange(total) - sub_offsets[:-1].index_select(0, sid)
         sub_vals = vals.index_select(0, rows.to(vals.device))
         sub_sizes = hs.index_select(0, sel)
-    from padless.tensor.core import envelope_from_sizes
-
     env = envelope_from_sizes(sub_sizes, nt._ragged, vals.shape[1:])
     meta = StructureMeta(sub_sizes, sub_offsets)
     dev = nt._offsets.device
@@ -287,7 +289,7 @@ def getitem(nt: NestedTensor, index: Any) -> Tensor:
     if whole:
         return nt if len(index) == 1 and index[0] is Ellipsis else select_samples(nt, batch)
     sub = nt if isinstance(batch, slice) and batch == slice(None) else select_samples(nt, batch)
-    return lent("index_static")(sub, rest)  # basic indexing inside samples, lent by padless.ops.shape
+    return lent("index_static")(sub, rest)  # basic indexing inside samples, lent by padless.ops.rows.shape
 
 
 # ---------------------------------------------------------------------------- from padded, compiled
@@ -346,8 +348,6 @@ def pack_lengths(
     runtime data, so the row count and the envelope are new sizes
     (:mod:`padless.tensor.traced`); a length past ``padded``'s extent, or a mask that is not
     a prefix mask, fails at run time (``torch._assert_async``)."""
-    from padless.tensor.construct import _norm_dims
-
     what = "NestedTensor.from_padded"
     if mask is not None:
         lengths = _traced_mask_lengths(padded, mask, ragged_dims, what)
@@ -359,7 +359,7 @@ def pack_lengths(
     ndim = padded.dim() - 1
     if lens.dim() != 2 or ndim < 1:
         raise StructureError(f"{what}: lengths must be (B,) or (B, R), got shape {tuple(lengths.shape)}")
-    ragged = tuple(range(lens.shape[1])) if ragged_dims is None else _norm_dims(ragged_dims, ndim, what)
+    ragged = tuple(range(lens.shape[1])) if ragged_dims is None else norm_ragged_dims(ragged_dims, ndim, what)
     if len(ragged) != lens.shape[1]:
         raise StructureError(f"{what}: lengths has {lens.shape[1]} column(s) but ragged_dims={ragged} names {len(ragged)} dim(s)")
     return _pack_lengths_graph(padded, lens, ragged)

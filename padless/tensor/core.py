@@ -1,4 +1,11 @@
-"""The :class:`NestedTensor` representation and its two dispatch entry points."""
+"""The :class:`NestedTensor` representation and its two dispatch entry points.
+
+Core builds on :mod:`padless.tensor.structure` (host metadata, carried maps, structure
+comparison) and :mod:`padless.tensor.dynamo` (traced tensors, dynamic marks), and is built
+on by every other tensor module. The few functions of those higher modules that the class
+calls (the per-sample fallback, the broadcast guard of autograd, ``unbind`` for ``repr``)
+are lent to core by name (:func:`padless.tensor.registry.lend`), never imported.
+"""
 
 from __future__ import annotations
 
@@ -10,10 +17,34 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from padless.tensor import layout
-from padless.tensor import validate
+from padless.tensor import layout, validate
+from padless.tensor.dynamo import _is_traced, _mark, _TRACED_TYPES, source_fingerprint
 from padless.tensor.errors import StructureError
-from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, describe_args, lent, op_name
+from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent
+from padless.tensor.structure import (
+    _EXACT_CARRIERS,
+    AUTO_CARRIERS,
+    CARRIED_INNER,
+    StructureMeta,
+    _structure_mismatch,
+    carried_metadata,
+    carry_on,
+    restore_metadata,
+    static_change,
+)
+
+# Defined below core; re-exported because the op layer, padless.jagged, padless.collate
+# and the tests have always imported them from padless.tensor.core.
+from padless.tensor.dynamo import _weak_dynamic, mark_dynamic  # noqa: F401
+from padless.tensor.structure import (  # noqa: F401
+    CARRIED_KEYS,
+    ROW_LEVEL_KEYS,
+    _fmt_shape,
+    check_same_structure,
+    envelope_from_sizes,
+    register_auto_carrier,
+    register_carried,
+)
 
 
 class NeedsPerSample(Exception):
@@ -29,108 +60,6 @@ _TLS = threading.local()
 # Torch-level calls that run the autograd engine (see ``NestedTensor.__torch_function__``).
 _BACKWARD_CALLS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
 
-#: Row maps that ``__tensor_flatten__`` flattens as extra inner tensors when a structure
-#: caches them under ``(name, device)``: their sizes are the row counts that ops create
-#: (``sum N_i**2`` for pairs), so compiled graphs see those counts as symbols. Each name
-#: ``k`` is readable as the attribute ``_k``. See :mod:`padless.ops.compile_rows`.
-#: Extend it with :func:`register_carried` (never edit in place from another module).
-CARRIED_INNER: list[str] = []
-#: Derived keys that depend on the rows only; ops that keep the rows pass them on.
-ROW_LEVEL_KEYS: list[str] = ["row_ids", "cu_seqlens", "pair_rows", "pair_groups"]
-
-
-def register_carried(name: str, row_level: bool = True) -> str:
-    """Declare a cached map ``meta.derived[(name, device)]`` that ``__tensor_flatten__``
-    flattens as the extra inner tensor ``_<name>`` whenever a structure holds one, so a
-    compiled graph sees its sizes (the row counts an op creates) as symbols.
-
-    ``row_level=True``: the map depends on the rows only, so ops that keep the rows
-    (pointwise math, linear, norms) pass it on to their output. Registering a name twice
-    is harmless; returns ``name``."""
-    if not name.isidentifier():
-        raise ValueError(f"register_carried(): name must be an identifier, got {name!r}")
-    if name not in CARRIED_INNER:
-        CARRIED_INNER.append(name)
-    if "NestedTensor" in globals() and not hasattr(NestedTensor, "_" + name):
-        setattr(NestedTensor, "_" + name, _carried_property(name))
-    if row_level and name not in ROW_LEVEL_KEYS:
-        ROW_LEVEL_KEYS.append(name)
-    return name
-
-
-#: Key in ``meta.derived`` of a structure whose carried maps are fixed (no automatic ones).
-_EXACT_CARRIERS = "exact_carriers"
-#: Functions called on a real (not traced) NestedTensor when ``__tensor_flatten__`` hands it
-#: to a compiled graph; each may cache carried maps on its structure (cheaply, from host
-#: metadata), so batches compile without a preparation step. See :func:`register_auto_carrier`.
-AUTO_CARRIERS: list[Callable[["NestedTensor"], None]] = []
-
-
-def register_auto_carrier(fn: Callable[["NestedTensor"], None]) -> Callable[["NestedTensor"], None]:
-    """Run ``fn(nt)`` whenever a real NestedTensor is flattened for ``torch.compile`` (never
-    eagerly otherwise, never on traced tensors). ``fn`` must be idempotent and cheap on a
-    structure it already served, since guards flatten every input on every call."""
-    if fn not in AUTO_CARRIERS:
-        AUTO_CARRIERS.append(fn)
-    return fn
-_INT32_MAX = 2**31 - 1
-
-
-def _carried_property(name: str) -> property:
-    """``nt._<name>``: the carried map, which torch's subclass machinery reads by the inner
-    names that ``__tensor_flatten__`` returns."""
-
-    def get(self: "NestedTensor") -> Tensor:
-        return self._meta.derived[(name, self._values.device)]
-
-    def set(self: "NestedTensor", value: Tensor) -> None:
-        # AOTAutograd makes a tangent's strided inner tensors contiguous by assignment. The
-        # tangent shares its structure with other tensors, so it gets its own copy of the
-        # metadata: the others keep their (stride-0) carriers and their compiled guards.
-        m = self._meta
-        meta = StructureMeta(m.host_sizes, m.host_offsets)
-        meta.derived.update(m.derived)
-        meta.derived[(name, value.device)] = value
-        self._meta = meta
-
-    return property(get, set, doc=f"The carried ``{name}`` map (see :func:`register_carried`).")
-
-
-class StructureMeta:
-    """Host metadata shared by every NestedTensor of one structure.
-
-    Operations that keep the structure (pointwise math, linear, dropout, moves)
-    hand the same ``StructureMeta`` to their output, so structure checks between
-    them are an identity test and derived metadata (``cu_seqlens``, row ids,
-    padded indices, coordinate maps) is computed once per batch.
-
-    ``host_sizes`` / ``host_offsets`` are CPU int64 tensors, or ``None`` when the
-    batch was built from device tensors and nobody paid for a sync yet.
-    ``derived`` maps a key such as ``("cu_seqlens", device)`` to a cached tensor.
-    """
-
-    __slots__ = ("host_sizes", "host_offsets", "derived")
-
-    def __init__(self, host_sizes: Tensor | None = None, host_offsets: Tensor | None = None):
-        self.host_sizes = host_sizes
-        self.host_offsets = host_offsets
-        self.derived: dict[Any, Any] = {}
-
-
-from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor  # noqa: E402
-from torch._subclasses.functional_tensor import FunctionalTensor as _FunctionalTensor  # noqa: E402
-
-_TRACED_TYPES = (_FakeTensor, _FunctionalTensor)
-
-
-def _is_traced(t: Tensor) -> bool:
-    """True for fake/functional/meta tensors: we are inside torch.compile or a meta trace."""
-    if torch.compiler.is_compiling():  # first: the checks below would break a dynamo graph
-        return True
-    if isinstance(t, _TRACED_TYPES):
-        return True
-    return t.is_meta or torch._is_functional_tensor(t)
-
 
 def _needs_grad(args: tuple, kwargs: dict) -> bool:
     if not torch.is_grad_enabled():
@@ -144,16 +73,24 @@ def _needs_grad(args: tuple, kwargs: dict) -> bool:
     return False
 
 
-def envelope_from_sizes(host_sizes: Tensor, ragged: Sequence[int], static_shape: Sequence[int]) -> list[int]:
-    """Padded extent of every sample dim, from host sizes (no device involved)."""
-    ndim = host_sizes.shape[1]
-    env = [0] * ndim
-    maxes = host_sizes.amax(0).tolist() if host_sizes.shape[0] > 0 else [0] * ndim
-    for d in ragged:
-        env[d] = int(maxes[d])
-    for d, s in zip(layout.static_dims(ndim, ragged), static_shape):
-        env[d] = int(s)
-    return env
+# ---------------------------------------------------------------------------- lent from above
+# The class calls a few functions of modules that import core (autograd, convert, fallback),
+# so core cannot import them: each module lends its function at import
+# (:func:`padless.tensor.registry.lend`) and core looks it up once, on first use, then keeps
+# it in the module global ``_<name>`` (the dispatch paths read one global, as for an import).
+_guard_broadcast: Callable | None = None  # padless.tensor.autograd.guard_broadcast
+_per_sample: Callable | None = None  # padless.tensor.fallback.per_sample
+_per_sample_function: Callable | None = None  # padless.tensor.fallback.per_sample_function
+_unbind_samples: Callable | None = None  # padless.tensor.convert.unbind_samples
+
+
+def _borrow(name: str) -> Callable:
+    fn = lent(name)
+    globals()["_" + name] = fn
+    return fn
+
+
+_INT32_MAX = 2**31 - 1
 
 
 class NestedTensor(Tensor):
@@ -229,10 +166,10 @@ class NestedTensor(Tensor):
         ctx = tuple(getattr(self, a) for a in self._ATTRS)
         if AUTO_CARRIERS and not isinstance(self._values, _TRACED_TYPES) and not self._values.is_meta:
             if _EXACT_CARRIERS not in self._meta.derived:
-                for fn in AUTO_CARRIERS:  # e.g. the pair row count (padless.ops.compile_rows)
+                for fn in AUTO_CARRIERS:  # e.g. the pair row count (padless.ops.common.carried)
                     fn(self)
         carried = self._carried_names()
-        if carried:  # row maps prepared for compiled row-creating ops (padless.ops.compile_rows)
+        if carried:  # row maps prepared for compiled row-creating ops (padless.ops.common.carried)
             return list(self._INNER) + ["_" + k for k in carried], ctx + (carried,)
         return list(self._INNER), ctx
 
@@ -270,13 +207,12 @@ class NestedTensor(Tensor):
         dev = self._values.device
         return tuple(k for k in CARRIED_INNER if (k, dev) in d)
 
-
     def _stable_hash_for_caching(self) -> str:
         """Key for AOTAutograd's cache: the static attributes (inner tensors are keyed by torch)
         and a fingerprint of padless' source. The cache is keyed on Dynamo's graph, which
         calls padless' handlers without holding their code, so without the fingerprint an
         upgraded padless would be served graphs traced through the old handlers."""
-        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}{self._carried_names()}@{_source_fingerprint()}"
+        return f"padless.NestedTensor{tuple(getattr(self, a) for a in self._ATTRS)}{self._carried_names()}@{source_fingerprint()}"
 
     # ------------------------------------------------------------------ dispatch
     @classmethod
@@ -297,15 +233,12 @@ class NestedTensor(Tensor):
             if fast is not None and not torch.compiler.is_compiling():
                 if not _needs_grad(args, kwargs):
                     return fast(func, args, kwargs)
-                from padless.tensor.autograd import guard_broadcast
-
-                args, kwargs = guard_broadcast(args, kwargs)
+                args, kwargs = (_guard_broadcast or _borrow("guard_broadcast"))(args, kwargs)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
                 return func(*args, **kwargs)
             except NeedsPerSample as e:
-                from padless.tensor.fallback import per_sample_function
-
+                per_sample_function = _per_sample_function or _borrow("per_sample_function")
                 return per_sample_function(func, args, kwargs, e.aten_op)
             finally:
                 _TLS.depth -= 1
@@ -317,8 +250,7 @@ class NestedTensor(Tensor):
         if handler is None:
             handler = _generic_aten_handler(func)
         if handler is None:
-            from padless.tensor.fallback import per_sample
-
+            per_sample = _per_sample or _borrow("per_sample")
             return per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
         return handler(func, *args, **kwargs)
 
@@ -348,8 +280,6 @@ class NestedTensor(Tensor):
 
         Never syncs; no copy.
         """
-        from padless.tensor.autograd import values_of
-
         return values_of(self)
 
     def offsets(self) -> Tensor:
@@ -478,8 +408,7 @@ class NestedTensor(Tensor):
             head += ", requires_grad=True"
         if _is_traced(self._values):
             return head + ")"
-        from padless.tensor.convert import unbind_samples
-
+        unbind_samples = _unbind_samples or _borrow("unbind_samples")
         with torch.no_grad():
             samples = unbind_samples(self, differentiable=False)
         body = ",\n".join("  " + repr(s).replace("\n", "\n  ") for s in samples)
@@ -529,22 +458,45 @@ class NestedTensor(Tensor):
         return out
 
 
-_FINGERPRINT: list[str] = []
+carry_on(NestedTensor)  # every carried map ``k`` readable as ``nt._k`` (see structure.register_carried)
 
 
-def _source_fingerprint() -> str:
-    """blake2b of every padless ``.py`` file (path and content), computed once per process."""
-    if not _FINGERPRINT:
-        import hashlib
-        import pathlib
+# ---------------------------------------------------------------------------- values bridge
+# NestedTensor -> values, differentiable. Here rather than in padless.tensor.autograd (which
+# re-exports it and holds the other direction) because ``NestedTensor.values()`` calls it.
 
-        root = pathlib.Path(__file__).resolve().parent.parent
-        h = hashlib.blake2b(digest_size=12)
-        for f in sorted(root.rglob("*.py")):
-            h.update(str(f.relative_to(root)).encode())
-            h.update(f.read_bytes())
-        _FINGERPRINT.append(h.hexdigest())
-    return _FINGERPRINT[0]
+
+class _ValuesView(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, nt: NestedTensor) -> Tensor:  # type: ignore[override]
+        ctx.struct = (nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
+        return nt._values.detach()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        if any(st == 0 and n > 1 for st, n in zip(grad.stride(), grad.shape)):
+            # e.g. the expanded ones of ``values().sum()``: autograd may keep this gradient as a
+            # leaf's ``.grad`` and accumulate into it in place, which an overlapping buffer refuses
+            grad = grad.contiguous()
+        return NestedTensor(grad, *ctx.struct)
+
+
+def _apply(fn: type[torch.autograd.Function], *args):
+    """``fn.apply`` without the Python wrapper's functorch bookkeeping when no functorch
+    transform is active and nothing is being compiled (a few microseconds per op)."""
+    if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+        return fn.apply(*args)
+    return super(torch.autograd.Function, fn).apply(*args)  # type: ignore[misc]
+
+
+def values_of(nt: NestedTensor) -> Tensor:
+    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed."""
+    if nt.requires_grad and torch.is_grad_enabled():
+        return _apply(_ValuesView, nt)
+    return nt._values
+
+
+# ---------------------------------------------------------------------------- pickling
 
 
 def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None):
@@ -565,89 +517,7 @@ def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_o
     return NestedTensor(values, offsets, sizes, ragged, tuple(env), meta, requires_grad=bool(requires_grad))
 
 
-#: Derived entries keyed ``(name, device)`` that pickling carries, so metadata a DataLoader
-#: worker computed (``padless.collate``) is not recomputed by the main process. Plain
-#: tensors in a dict: ``torch.load(weights_only=True)`` accepts them.
-CARRIED_KEYS = ("cu_seqlens", "row_ids")
-
-
-register_carried("pair_rows")  # padless.ops.compile_rows: (sum N_i**2,) pair row map
-
-
-def carried_metadata(nt: NestedTensor) -> dict[str, Any] | None:
-    """The cached row-level metadata of ``nt`` that pickling carries (None when none is cached)."""
-    m = nt._meta
-    out: dict[str, Any] = {}
-    for name in CARRIED_KEYS:
-        t = m.derived.get((name, nt._values.device))
-        if isinstance(t, Tensor):
-            out[name] = t
-    parts = m.derived.get("partitions")
-    if isinstance(parts, tuple):
-        out["partitions"] = list(parts)
-    return out or None
-
-
-def restore_metadata(
-    meta: StructureMeta, carried: dict[str, Any], values: Tensor, offsets: Tensor, ragged: tuple[int, ...]
-) -> None:
-    """Install carried metadata into ``meta`` after checking it against the structure.
-
-    Entries on another device than the one they serve are dropped; entries that disagree
-    with the offsets and sizes raise :class:`StructureError` (a forged ``row_ids`` would
-    otherwise mix samples). ``meta`` must hold validated host sizes and offsets.
-    """
-    hs, ho = meta.host_sizes, meta.host_offsets
-    if hs is None or ho is None:
-        return  # nothing to check against: caches are rebuilt on first use instead
-    good = validate.check_carried(carried, ragged, hs, ho, values, offsets.device)
-    if "cu_seqlens" in good:
-        meta.derived[("cu_seqlens", offsets.device)] = good["cu_seqlens"]
-    if "row_ids" in good:
-        meta.derived[("row_ids", values.device)] = good["row_ids"]
-    if "partitions" in good:
-        meta.derived["partitions"] = good["partitions"]
-
-
 # ---------------------------------------------------------------------------- helpers for handlers
-
-
-def mark_dynamic(nt: NestedTensor) -> NestedTensor:
-    """Tell ``torch.compile`` that batch size, ragged extents and row counts vary.
-
-    Called by every user-facing constructor, so a compiled function sees these
-    dims as symbolic from its first call: new lengths or a new batch size reuse
-    the same graph instead of recompiling. (0 and 1 are still specialised by
-    dynamo, as for any tensor.)
-    """
-    if not torch.compiler.is_compiling():
-        _mark(nt)
-    return nt
-
-
-def _mark(nt: NestedTensor) -> None:
-    """Weak-dynamic marks on ``nt`` and its inner tensors (what :func:`mark_dynamic` does).
-
-    ``NestedTensor.__new__`` calls it for every instance, so a batch made by ``detach()``,
-    ``to()``, an op run eagerly before a compiled region, or any other path is dynamic
-    from its first compiled call. Dims marked this way get their own symbols (no duck
-    sizing): a batch size equal to a ragged extent on the first call does not tie the
-    two together, so the next batch does not recompile.
-    """
-    _weak_dynamic(nt, {0, *(r + 1 for r in nt._ragged)})
-    _weak_dynamic(nt._values, {0})
-    _weak_dynamic(nt._offsets, {0})
-    _weak_dynamic(nt._sizes, {0})
-
-
-def _weak_dynamic(t: Tensor, dims: set) -> None:
-    cur = getattr(t, "_dynamo_weak_dynamic_indices", None)
-    if cur is None:
-        t._dynamo_weak_dynamic_indices = set(dims)
-    else:
-        cur.update(dims)
-    t._has_dynamo_dim_marking = True
-
 
 
 def wrap_like(values: Tensor, like: NestedTensor) -> NestedTensor:
@@ -663,105 +533,6 @@ def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
 
 
-def static_change(values: Tensor, like: NestedTensor) -> tuple[Tensor, StructureMeta, tuple]:
-    """``(sizes, meta, envelope)`` of ``like``'s rows with ``values``' static extents.
-
-    Cached on ``like``'s metadata per static shape, so a layer applied to the same batch
-    every step reuses one structure (and everything cached on it).
-    """
-    ndim = like.sample_dim
-    static = layout.static_dims(ndim, like._ragged)
-    if values.dim() - 1 != len(static):
-        raise RuntimeError(
-            f"padless internal: values of rank {values.dim()} do not fit a layout with "
-            f"{len(static)} static dims"
-        )
-    traced = _is_traced(values)
-    key = ("static_shape", like._ragged, tuple(values.shape[1:]))
-    hit = None if traced else like._meta.derived.get(key)
-    if hit is not None:
-        return hit
-    new_static = list(values.shape[1:])
-    sizes = like._sizes.clone()
-    if len(static):
-        sizes[:, list(static)] = torch.tensor(new_static, dtype=torch.int64, device=sizes.device)
-    meta = StructureMeta()
-    if like._meta.host_sizes is not None:
-        hs = like._meta.host_sizes.clone()
-        if len(static):
-            hs[:, list(static)] = torch.tensor(new_static, dtype=torch.int64)
-        meta.host_sizes = hs
-        meta.host_offsets = like._meta.host_offsets
-    for k, v in like._meta.derived.items():  # row-level caches do not depend on static extents
-        if isinstance(k, tuple) and k[0] in ROW_LEVEL_KEYS:
-            meta.derived[k] = v
-    env = list(like._env)
-    for d, s in zip(static, new_static):
-        env[d] = s
-    out = (sizes, meta, tuple(env))
-    if not traced:
-        like._meta.derived[key] = out
-    return out
-
-
-def _fmt_shape(row: Sequence[int]) -> str:
-    return "(" + ", ".join(str(int(x)) for x in row) + (",)" if len(row) == 1 else ")")
-
-
-def _structure_mismatch(
-    a: NestedTensor, b: NestedTensor, opname: Any = None, broadcast: bool = False
-) -> str | None:
-    """None when a and b have the same structure, else a message naming the first differing sample.
-
-    Under ``torch.compile`` sizes are runtime data: with ``opname`` given, the graph gets a
-    check that raises the eager error when it runs (:mod:`padless.tensor.traced_checks`;
-    ``broadcast`` words it as pointwise broadcasting does), and this returns None."""
-    if a._meta is b._meta or a._sizes is b._sizes:
-        return None if a._ragged == b._ragged else _layout_msg(a, b)
-    if a.batch_size != b.batch_size:
-        return f"batch sizes differ: {a.batch_size} vs {b.batch_size}"
-    if a.sample_dim != b.sample_dim:
-        return f"sample ranks differ: {a.sample_dim} vs {b.sample_dim}"
-    if set(a._ragged) != set(b._ragged):
-        return f"ragged dims differ: {a.ragged_dims} vs {b.ragged_dims}"
-    if a._ragged != b._ragged:
-        return _layout_msg(a, b)
-    if _is_traced(a._sizes) or _is_traced(b._sizes):
-        # Under torch.compile sizes are runtime data: compared when the graph runs.
-        if opname is not None and a._sizes is not b._sizes:
-            from padless.tensor.traced_checks import check_same_sizes
-
-            check_same_sizes(a._sizes, b._sizes, list(a._ragged), str(opname), broadcast)
-        return None
-    if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
-        sa, sb = a._meta.host_sizes, b._meta.host_sizes
-    else:
-        sa, sb = a._sizes, b._sizes.to(a._sizes.device)
-    if torch.equal(sa, sb):
-        if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
-            b._meta = a._meta  # same structure: share metadata, so the next check is an identity test
-        return None
-    rdims = list(a._ragged)
-    ra, rb = sa[:, rdims], sb[:, rdims]
-    if torch.equal(ra, rb):
-        return None
-    bad = int((ra != rb).any(1).nonzero()[0, 0])
-    return f"sample {bad} has {_fmt_shape(sa[bad].tolist())}, other has {_fmt_shape(sb[bad].tolist())}"
-
-
-def _layout_msg(a: NestedTensor, b: NestedTensor) -> str:
-    return (
-        f"storage orders differ: ragged dims stored as {a._ragged} vs {b._ragged} "
-        "(one of them was transposed); call .contiguous() on both"
-    )
-
-
-def check_same_structure(opname: str, a: NestedTensor, b: NestedTensor) -> None:
-    msg = _structure_mismatch(a, b, opname)
-    if msg is not None:
-        raise StructureError(f"{opname}(): ragged structures differ: {msg}")
-
-
 # ---------------------------------------------------------------------------- generic aten path
 
 _GENERIC_CACHE: dict[Any, Any] = {}
@@ -773,7 +544,7 @@ def _generic_aten_handler(func):
         return hit
     handler = None
     if torch.Tag.pointwise in func.tags:
-        handler = lent("pointwise_aten")  # the generic pointwise path, lent by padless.ops.pointwise
+        handler = lent("pointwise_aten")  # the generic pointwise path, lent by padless.ops.common.engine
     _GENERIC_CACHE[func] = handler
     return handler
 

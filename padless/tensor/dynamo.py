@@ -1,4 +1,12 @@
-"""How ``torch.compile`` treats padless' own Python code.
+"""How ``torch.compile`` sees padless: its Python code, its tensors and its cache key.
+
+* :func:`_is_traced`: whether a tensor is being traced (Dynamo, fake, functional or meta).
+* :func:`mark_dynamic`: batch size, ragged extents and row counts are dynamic sizes from a
+  NestedTensor's first compiled call.
+* :func:`source_fingerprint`: keys AOTAutograd's cache on padless' own source.
+* :func:`install`: the trace rules for padless' directory (below).
+
+None of these needs the NestedTensor class, so :mod:`padless.tensor.core` builds on them.
 
 Dynamo traces (inlines) padless functions when a compiled function calls them, which is
 what makes ``fullgraph=True`` work on NestedTensors. But when Dynamo gives up on a frame
@@ -22,6 +30,11 @@ import importlib.abc
 import importlib.machinery
 import os
 import sys
+
+import torch
+from torch import Tensor
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
+from torch._subclasses.functional_tensor import FunctionalTensor as _FunctionalTensor
 
 _DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))).replace(os.sep, "/") + "/"
 _TARGET = "torch._dynamo.trace_rules"
@@ -71,3 +84,78 @@ def install() -> None:
         register()
     elif not any(isinstance(f, _AfterDynamoLoads) for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterDynamoLoads())
+
+
+# ---------------------------------------------------------------------------- traced tensors
+
+_TRACED_TYPES = (_FakeTensor, _FunctionalTensor)
+
+
+def _is_traced(t: Tensor) -> bool:
+    """True for fake/functional/meta tensors: we are inside torch.compile or a meta trace."""
+    if torch.compiler.is_compiling():  # first: the checks below would break a dynamo graph
+        return True
+    if isinstance(t, _TRACED_TYPES):
+        return True
+    return t.is_meta or torch._is_functional_tensor(t)
+
+
+# ---------------------------------------------------------------------------- dynamic marks
+
+
+def mark_dynamic(nt):
+    """Tell ``torch.compile`` that batch size, ragged extents and row counts vary.
+
+    Called by every user-facing constructor, so a compiled function sees these
+    dims as symbolic from its first call: new lengths or a new batch size reuse
+    the same graph instead of recompiling. (0 and 1 are still specialised by
+    dynamo, as for any tensor.) Returns ``nt`` (a NestedTensor).
+    """
+    if not torch.compiler.is_compiling():
+        _mark(nt)
+    return nt
+
+
+def _mark(nt) -> None:
+    """Weak-dynamic marks on NestedTensor ``nt`` and its inner tensors (what
+    :func:`mark_dynamic` does).
+
+    ``NestedTensor.__new__`` calls it for every instance, so a batch made by ``detach()``,
+    ``to()``, an op run eagerly before a compiled region, or any other path is dynamic
+    from its first compiled call. Dims marked this way get their own symbols (no duck
+    sizing): a batch size equal to a ragged extent on the first call does not tie the
+    two together, so the next batch does not recompile.
+    """
+    _weak_dynamic(nt, {0, *(r + 1 for r in nt._ragged)})
+    _weak_dynamic(nt._values, {0})
+    _weak_dynamic(nt._offsets, {0})
+    _weak_dynamic(nt._sizes, {0})
+
+
+def _weak_dynamic(t: Tensor, dims: set) -> None:
+    cur = getattr(t, "_dynamo_weak_dynamic_indices", None)
+    if cur is None:
+        t._dynamo_weak_dynamic_indices = set(dims)
+    else:
+        cur.update(dims)
+    t._has_dynamo_dim_marking = True
+
+
+# ---------------------------------------------------------------------------- cache key
+
+_FINGERPRINT: list[str] = []
+
+
+def source_fingerprint() -> str:
+    """blake2b of every padless ``.py`` file (path and content), computed once per process."""
+    if not _FINGERPRINT:
+        import hashlib
+        import pathlib
+
+        root = pathlib.Path(__file__).resolve().parent.parent
+        h = hashlib.blake2b(digest_size=12)
+        for f in sorted(root.rglob("*.py")):
+            h.update(str(f.relative_to(root)).encode())
+            h.update(f.read_bytes())
+        _FINGERPRINT.append(h.hexdigest())
+    return _FINGERPRINT[0]

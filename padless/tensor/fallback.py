@@ -15,8 +15,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from padless.tensor.core import NeedsPerSample, NestedTensor, _is_traced, warn_once
-from padless.tensor.registry import describe_args, op_name
+from padless.tensor import convert
+from padless.tensor.construct import from_list
+from padless.tensor.core import NeedsPerSample, NestedTensor, warn_once
+from padless.tensor.dynamo import _is_traced
+from padless.tensor.registry import lend, op_name
 
 _SIZE_NAMES = ("size", "shape", "sizes", "stride", "output_size")
 # Ops that run per sample only in their eval form (``training`` / ``use_input_stats`` False).
@@ -46,6 +49,23 @@ def _mixes_samples(func, bound: dict) -> str | None:
             if v is None or (isinstance(v, (list, tuple)) and len(v) == 0):
                 return "it reduces over every dim, the batch dim included (its result mixes samples)"
     return None
+
+
+def describe_args(args: tuple, kwargs: dict) -> str:
+    """Short type description of call arguments for error messages."""
+
+    def one(a: Any) -> str:
+        if isinstance(a, NestedTensor):
+            return f"NestedTensor(ragged_dims={a.ragged_dims}, dtype={a.dtype})"
+        if isinstance(a, torch.Tensor):
+            return f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype})"
+        if isinstance(a, (list, tuple)):
+            inner = ", ".join(one(x) for x in a[:4])
+            return f"{type(a).__name__}[{inner}{', ...' if len(a) > 4 else ''}]"
+        return type(a).__name__
+
+    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
+    return ", ".join(parts)
 
 
 def _refusal(func, args: tuple, kwargs: dict) -> str | None:
@@ -78,6 +98,8 @@ def _refusal(func, args: tuple, kwargs: dict) -> str | None:
     return None
 
 
+# NestedTensor's dispatch entry points call these two; core cannot import this module.
+@lend("per_sample")
 def per_sample(func, args: tuple, kwargs: dict, inside_function: bool = False) -> Any:
     """Run ATen ``func`` sample by sample, or raise NotImplementedError saying why it cannot.
 
@@ -96,15 +118,13 @@ def per_sample(func, args: tuple, kwargs: dict, inside_function: bool = False) -
     return _run(func, args, kwargs, func, differentiable=False)
 
 
+@lend("per_sample_function")
 def per_sample_function(func, args: tuple, kwargs: dict, aten_op) -> Any:
     """Re-run a torch-level call sample by sample, with autograd through the samples."""
     return _run(func, args, kwargs, aten_op, differentiable=True)
 
 
 def _run(func, args: tuple, kwargs: dict, named_op, differentiable: bool) -> Any:
-    from padless.tensor.construct import from_list
-    from padless.tensor.convert import unbind_samples
-
     warn_once(
         ("per_sample", named_op),
         f"padless: {op_name(named_op)} has no NestedTensor handler; running it sample by sample "
@@ -113,7 +133,7 @@ def _run(func, args: tuple, kwargs: dict, named_op, differentiable: bool) -> Any
     ref = next(a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor))
     b = ref.batch_size
     unbound = {
-        id(a): unbind_samples(a, differentiable=differentiable)
+        id(a): convert.unbind_samples(a, differentiable=differentiable)  # read at call time: tests patch it
         for a in (*args, *kwargs.values())
         if isinstance(a, NestedTensor)
     }

@@ -110,8 +110,10 @@ _LENT: dict[str, Callable] = {}
 
 
 def lend(name: str) -> Callable[[Callable], Callable]:
-    """The op layer lends the tensor layer a function by name, so ``padless.tensor``
-    never imports ``padless.ops`` (the dependency arrow points one way: ops -> tensor).
+    """A higher layer lends a lower one a function by name, so the dependency arrow points
+    one way. The op layer lends the tensor layer (``padless.tensor`` never imports
+    ``padless.ops``); inside the tensor layer, autograd, convert and fallback lend
+    :mod:`padless.tensor.core` what ``NestedTensor``'s methods call (they import core).
 
     Lending a different function under a taken name is an error, as for handlers."""
 
@@ -126,7 +128,7 @@ def lend(name: str) -> Callable[[Callable], Callable]:
 
 
 def lent(name: str) -> Callable:
-    """The function the op layer lent under ``name``."""
+    """The function lent under ``name`` (by the op layer, or by a higher tensor module)."""
     fn = _LENT.get(name)
     if fn is None:
         raise RuntimeError(f"padless: {name!r} comes from the op layer, which is not loaded; import padless first")
@@ -136,22 +138,3 @@ def lent(name: str) -> Callable:
 def registered() -> list[HandlerInfo]:
     """Every registered handler, function layer first, sorted by op name."""
     return sorted(_INFO.values(), key=lambda h: (h.layer != "function", op_name(h.op)))
-
-
-def describe_args(args: tuple, kwargs: dict) -> str:
-    """Short type description of call arguments for error messages."""
-
-    def one(a: Any) -> str:
-        from padless.tensor.core import NestedTensor
-
-        if isinstance(a, NestedTensor):
-            return f"NestedTensor(ragged_dims={a.ragged_dims}, dtype={a.dtype})"
-        if isinstance(a, torch.Tensor):
-            return f"Tensor(shape={tuple(a.shape)}, dtype={a.dtype})"
-        if isinstance(a, (list, tuple)):
-            inner = ", ".join(one(x) for x in a[:4])
-            return f"{type(a).__name__}[{inner}{', ...' if len(a) > 4 else ''}]"
-        return type(a).__name__
-
-    parts = [one(a) for a in args] + [f"{k}={one(v)}" for k, v in kwargs.items()]
-    return ", ".join(parts)

@@ -32,8 +32,9 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
-from padless.tensor.core import StructureMeta, _is_traced, register_carried
+from padless.tensor.dynamo import _is_traced
 from padless.tensor.layout import sample_view
+from padless.tensor.structure import StructureMeta, register_carried
 
 #: Carried names of the extent carriers, one per sample dim: a structure built under compile
 #: with a data-dependent envelope extent along sample dim ``d`` caches its carrier under

@@ -19,6 +19,9 @@ NestedTensor exists:
 The arithmetic is written inline rather than through :mod:`padless.tensor.layout`:
 a collated batch arriving from a DataLoader worker is checked, not recomputed
 (``tests/collate/test_opcache.py`` counts calls into ``layout``).
+
+:func:`norm_ragged_dims` checks the other untrusted input, the ``ragged_dims`` a caller
+names (shared by the constructors and the compiled ``from_padded``).
 """
 
 from __future__ import annotations
@@ -193,3 +196,26 @@ def _describe(x: Any) -> str:
     if isinstance(x, Tensor):
         return f"{x.dtype} of shape {tuple(x.shape)}"
     return type(x).__name__
+
+
+# ---------------------------------------------------------------------------- caller arguments
+
+
+def norm_ragged_dims(dims: Sequence[int] | int, ndim: int, what: str) -> tuple[int, ...]:
+    """``ragged_dims`` as a caller gives them (an int or ints; sample dims, batch excluded,
+    negative allowed) checked and normalised: distinct, in ``range(ndim)``, ascending."""
+    if isinstance(dims, int):
+        dims = (dims,)
+    out = []
+    for d in dims:
+        if not isinstance(d, int) or isinstance(d, bool):
+            raise TypeError(f"{what}: ragged_dims must be ints (sample dims, batch excluded), got {d!r}")
+        if not -ndim <= d < ndim:
+            raise StructureError(
+                f"{what}: ragged dim {d} is out of range for samples of rank {ndim} "
+                f"(ragged_dims count sample dims, batch excluded)"
+            )
+        out.append(d % ndim)
+    if len(set(out)) != len(out):
+        raise StructureError(f"{what}: ragged_dims {tuple(dims)} repeats a dim")
+    return tuple(sorted(out))
