@@ -23,13 +23,16 @@ demo: $(STAMP)
 	$(PY) examples/native_cnn.py
 
 test: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
 	$(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) benchmarks/overhead.py
 
 docs: $(STAMP)
-	$(PY) -m padless.ops --markdown > docs/ops.md
+	mkdir -p build
+	$(PY) -m padless.ops --markdown > build/ops.md && mv build/ops.md docs/ops.md
+	$(PY) -m mkdocs build --strict --site-dir build/site
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

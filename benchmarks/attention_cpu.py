@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import padless
-from padless.ops import attention as attn
+from padless.ops.attention import sdpa as attn
 from padless.testing import bench
 
 

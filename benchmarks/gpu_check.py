@@ -44,7 +44,7 @@ def step(name: str, cmd: list[str], tail_lines: int = 15) -> bool:
 
 ATTENTION_CHECK = r"""
 import torch, torch.nn.functional as F, padless
-from padless.ops import attention as attn
+from padless.ops.attention import sdpa as attn
 from padless.testing import assert_close_samples
 torch.manual_seed(0)
 for causal in (False, True):

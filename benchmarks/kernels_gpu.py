@@ -92,7 +92,7 @@ def guarded(name: str, fn: Callable[[], None]) -> bool:
 
 def bandwidth(device: str, dtype: torch.dtype, scale: float) -> None:
     from padless.ops.kernels import layout, pair, segment, softmax
-    from padless.ops.segment import groups
+    from padless.ops.common.segment import groups
 
     section(f"Kernel bandwidth ({device}, {dtype})")
     peak, how = peak_bandwidth(device)

@@ -38,7 +38,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import padless
-from padless.ops import spatial
+from padless.ops.vision import spatial
 from padless.testing.bench import Row, print_table
 from padless.testing.vision import ResNetish, random_image_sizes
 

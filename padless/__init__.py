@@ -12,8 +12,10 @@ from padless.tensor import (
 )
 from padless import ops as _ops  # noqa: F401  (registers the op layer)
 from padless import nested
-from padless.ops import patch_grid, patchify, unpatchify
-from padless.ops.compile_rows import prepare_for_compile
+from padless.ops import patch_grid
+from padless.ops.vision import patchify
+from padless.ops import unpatchify
+from padless.ops.common.carried import prepare_for_compile
 from padless.collate import Batch, Collator, Field, FlatteningCollator, collate  # noqa: F401  (after the op layer)
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 

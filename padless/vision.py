@@ -37,10 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from padless.ops.patchify import _check_images, _pair, _patch_rows
-from padless.ops.shape import from_host_structure, host_structure
-from padless.ops.vision_compiled import AxisMap, prepare_images_for_compile
-from padless.ops.structure import RAGGED, STATIC, keep_all, restructure
+from padless.ops.vision.patchify import _check_images, _pair, _patch_rows
+from padless.ops.common.host import from_host_structure, host_structure
+from padless.ops.vision.compiled import AxisMap, prepare_images_for_compile
+from padless.ops.common.structure import RAGGED, STATIC, keep_all, restructure
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _fmt_shape
@@ -70,7 +70,7 @@ def prepare_for_compile(
 
     Strided layers create image sizes whose pixel counts ``sum_i oh_i * ow_i`` the compiler
     must see as symbols, not data: this carries, on the batch's structure, one map per
-    image-size level (see :mod:`padless.ops.vision_compiled`). ``strides`` adds
+    image-size level (see :mod:`padless.ops.vision.compiled`). ``strides`` adds
     ``ceil(H_i/s) x ceil(W_i/s)`` for each ``s``, the sizes after "same"-padded stride-``s``
     stacks (ResNets, FCNs); ``levels`` adds other :class:`AxisMap` levels (``AxisMap(1, -2, 1)``:
     ``n - 2``, an unpadded 3x3 layer); ``patch`` (``p``, ``(ph, pw)`` or a list of them) adds
@@ -83,7 +83,7 @@ def prepare_for_compile(
     >>> x = prepare_for_compile(padless.from_list([torch.randn(3, 40, 56), torch.randn(3, 33, 17)]))
     >>> logits = torch.compile(resnet, fullgraph=True)(x)
     """
-    from padless.ops.vision_traced import prepare_patches
+    from padless.ops.vision.traced import prepare_patches
 
     prepare_images_for_compile(images, strides, levels)
     if patch is not None:

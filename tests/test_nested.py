@@ -221,7 +221,7 @@ def test_keyword_matmul_and_bmm():
     torch.testing.assert_close(nt.matmul(other=w).to_padded_tensor(0.0), torch.matmul(input=nt, other=w).to_padded_tensor(0.0))
     m2 = nested.nested_tensor([torch.randn(4, 2), torch.randn(4, 2), torch.randn(4, 2)])
     torch.testing.assert_close(torch.bmm(nt, mat2=m2).to_padded_tensor(0.0), torch.bmm(nt, m2).to_padded_tensor(0.0))
-    from padless.ops import contract
+    from padless.ops.pairs import contract
 
     with pytest.raises(TypeError, match=r"matmul\(\): unexpected keyword arguments \['bogus'\]"):
         contract.matmul(torch.matmul, nt, w, bogus=1)  # torch's parser stops such calls before padless

@@ -278,7 +278,7 @@ def test_index_put_batch_indices_only_errors():
 def test_dense_gradient_of_the_envelope_is_read_as_padded():
     """The identity view behind the zero-gradient fix reads any dense envelope-shaped gradient
     as a padded batch (each sample its leading corner), not only autograd's zero tensors."""
-    from padless.ops.nested_binary import _PackDenseGrad
+    from padless.ops.nested.binary import _PackDenseGrad
 
     x = _pl(_samples([(3, 2), (0, 2), (1, 2)]), requires_grad=True)
     d = torch.arange(18.0).view(3, 3, 2)

@@ -1,11 +1,11 @@
-"""Every self-contained ```python block of README.md runs.
+"""Every self-contained ```python block of README.md and of the pages in docs/ runs.
 
 A block is self-contained when every name it reads is defined in the block itself (by an
 assignment, an import, a ``def``/``class``, a loop or ``with`` target) or is a builtin.
 Blocks that read names they do not define (``model``, ``dataset``: sketches of a user's
-own code) are reported as skipped, naming those names, so a README edit can make them
-runnable. A block that touches CUDA runs on the CPU when no GPU is present only if it
-chooses its device itself.
+own code) are reported as skipped, naming those names, so an edit of the page can make
+them runnable. A block that touches CUDA runs on the CPU when no GPU is present only if
+it chooses its device itself.
 """
 
 from __future__ import annotations
@@ -17,7 +17,9 @@ import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
 _FENCE = re.compile(r"^```python\s*\n(.*?)^```", re.S | re.M)
 
 
@@ -46,7 +48,16 @@ def free_names(source: str) -> set[str]:
     return loaded - defined
 
 
-BLOCKS = python_blocks(README.read_text()) if README.exists() else []
+def markdown_pages() -> list[pathlib.Path]:
+    """README.md and every page of docs/ (docs/ops.md is generated and holds no code)."""
+    return [p for p in (README, *sorted(DOCS.glob("*.md"))) if p.exists()]
+
+
+BLOCKS = [
+    (page.relative_to(ROOT).as_posix(), line, source)
+    for page in markdown_pages()
+    for line, source in python_blocks(page.read_text())
+]
 
 
 def test_finds_blocks_and_free_names():
@@ -55,9 +66,14 @@ def test_finds_blocks_and_free_names():
     assert python_blocks("text\n```python\nx = 1\n```\nmore\n") == [(2, "x = 1\n")]
 
 
-@pytest.mark.parametrize("line, source", BLOCKS, ids=[f"README.md:{n}" for n, _ in BLOCKS])
-def test_readme_block_runs(line, source):
+def test_readme_and_docs_have_blocks():
+    pages = {page for page, _, _ in BLOCKS}
+    assert "README.md" in pages and any(page.startswith("docs/") for page in pages)
+
+
+@pytest.mark.parametrize("page, line, source", BLOCKS, ids=[f"{p}:{n}" for p, n, _ in BLOCKS])
+def test_markdown_block_runs(page, line, source):
     missing = free_names(source)
     if missing:
-        pytest.skip(f"README.md:{line} is a sketch: it reads {sorted(missing)} without defining them")
-    exec(compile(source, f"README.md:{line}", "exec"), {"__name__": "__readme__"})
+        pytest.skip(f"{page}:{line} is a sketch: it reads {sorted(missing)} without defining them")
+    exec(compile(source, f"{page}:{line}", "exec"), {"__name__": "__readme__"})

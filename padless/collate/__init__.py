@@ -17,7 +17,7 @@ from padless.collate.collator import Collator, Field
 from padless.collate.hf import FlatteningCollator
 from padless.collate.metadata import FieldMeta, PairMaps, RowMaps
 from padless.collate.opcache import collated_plan
-from padless.ops.broadcast import PLAN_PROVIDERS
+from padless.ops.common.broadcast import PLAN_PROVIDERS
 
 if collated_plan not in PLAN_PROVIDERS:  # pair maps made in the worker serve derived fields too
     PLAN_PROVIDERS.append(collated_plan)

@@ -84,7 +84,7 @@ class Field:
                      geometry, ``dict(kernel_size=7, stride=2, padding=3)`` (also ``dilation``,
                      ``ceil_mode``; ints, pairs, or a ``(top, bottom, left, right)`` padding) or a
                      list of them (several layers reading the field). The worker builds each layer's spatial plan
-                     (:func:`padless.ops.spatial.build_spatial_plan`) and a ``Conv2d`` /
+                     (:func:`padless.ops.vision.spatial.build_spatial_plan`) and a ``Conv2d`` /
                      ``MaxPool2d`` of that geometry on the batch finds it ready
     """
 
@@ -282,7 +282,7 @@ def spatial_geometries(name: str, spec: Any) -> tuple[tuple[Any, Any], ...]:
     """The window geometries of ``Field(spatial_plan=...)`` (one dict or a list of dicts), validated:
     per layer ``(geometry on images, geometry on sequences (C, L_i) or None)``; the second
     exists when every number is one int, as ``nn.Conv1d`` takes them."""
-    from padless.ops.spatial import Geometry, to_pair, to_padding
+    from padless.ops.vision.spatial import Geometry, to_pair, to_padding
 
     layers = [spec] if isinstance(spec, Mapping) else list(spec) if isinstance(spec, (list, tuple)) else None
     if not layers or not all(isinstance(d, Mapping) for d in layers):
@@ -314,7 +314,7 @@ def spatial_geometries(name: str, spec: Any) -> tuple[tuple[Any, Any], ...]:
 def _plan_spatial(name: str, plan: FieldPlan, geometries: tuple[Any, ...]) -> None:
     """Build the field's first-layer spatial plans here (in the worker) and add them to its metadata."""
     from padless.collate.opcache import spatial_maps
-    from padless.ops.spatial import build_spatial_plan
+    from padless.ops.vision.spatial import build_spatial_plan
 
     rank = plan.host_sizes.shape[1] if isinstance(plan, RaggedPlan) else -1
     images = isinstance(plan, RaggedPlan) and rank == 3 and plan.ragged == (1, 2)

@@ -76,7 +76,7 @@ class PairMaps:
 @dataclasses.dataclass
 class SpatialMaps:
     """A first-layer spatial plan of an image field (``Field(spatial_plan=...)``), built in the
-    worker by :func:`padless.ops.spatial.build_spatial_plan` and carried without its caches.
+    worker by :func:`padless.ops.vision.spatial.build_spatial_plan` and carried without its caches.
 
     ``place``/``gather``/``take`` are the plan's index tensors (they move with the batch);
     ``host`` holds the plan's other fields (host sizes and offsets of the output, block
@@ -84,7 +84,7 @@ class SpatialMaps:
     turns it back into the op layer's plan.
     """
 
-    geometry: Any  # padless.ops.spatial.Geometry
+    geometry: Any  # padless.ops.vision.spatial.Geometry
     layout: str
     place: Tensor | None
     gather: Tensor | None

@@ -11,7 +11,7 @@ Pair fields: ``x.unsqueeze(2) + x.unsqueeze(1)`` (and the reversed order, and
 ``x.unsqueeze(2) + y.unsqueeze(1)`` for a rectangular pair against field ``y``)
 finds a ready broadcast plan, and ``p.mean(dim=2)`` / ``p.sum(dim=1)`` find their
 groups. Pair states made from *transformed* fields (``u(x).unsqueeze(2) + ...``)
-reach the maps through :func:`collated_plan`, once ``padless.ops.broadcast.plan``
+reach the maps through :func:`collated_plan`, once ``padless.ops.common.broadcast.plan``
 asks plan providers on a miss (see the README of padless.collate).
 """
 
@@ -23,9 +23,9 @@ from typing import Any, Sequence
 import torch
 
 from padless.collate.metadata import FieldMeta, PairMaps, SpatialMaps
-from padless.ops.broadcast import Plan
-from padless.ops.compile_rows import carry_pair_maps
-from padless.ops.segment import Groups
+from padless.ops.common.broadcast import Plan
+from padless.ops.common.carried import carry_pair_maps
+from padless.ops.common.segment import Groups
 from padless.tensor.core import NestedTensor, StructureMeta
 
 FIELD_KEY = "collate_field_meta"  # nt._meta.derived[FIELD_KEY] -> FieldMeta of a collated field
@@ -65,7 +65,7 @@ _SPATIAL_SKIPPED = ("geometry", "layout", "cache", "_divisors")  # carried apart
 
 
 def spatial_maps(plan: Any) -> SpatialMaps:
-    """What a :class:`padless.ops.spatial.SpatialPlan` carries to the main process: its index
+    """What a :class:`padless.ops.vision.spatial.SpatialPlan` carries to the main process: its index
     tensors and host fields, without its caches (the output structure's cache, divisors)."""
     host = {
         f.name: getattr(plan, f.name)
@@ -78,7 +78,7 @@ def spatial_maps(plan: Any) -> SpatialMaps:
 def install_spatial(nt: NestedTensor, maps: Sequence[SpatialMaps]) -> None:
     """Put the carried plans where ``conv2d``/``max_pool2d``/... look for them on ``nt``'s images
     (the spatial cache of its structure, keyed by geometry, layout and device)."""
-    from padless.ops import spatial as sp
+    from padless.ops.vision import spatial as sp
 
     dev = nt._values.device
     cache = sp._cache_of("Collator", nt)
@@ -123,7 +123,7 @@ def install_pair(x: NestedTensor, y: NestedTensor, pm: PairMaps) -> None:
         op._meta.derived[("broadcast", (id(template._meta), (0, 1)))] = Plan(
             template, [rows, None], [(1,), ()], keepalive=(op._meta, template._meta)
         )
-    carry_pair_maps(x, y, pm.rows_i, pm.rows_j)  # into compiled graphs too (padless.ops.compile_rows)
+    carry_pair_maps(x, y, pm.rows_i, pm.rows_j)  # into compiled graphs too (padless.ops.common.carried)
 
 
 def _template(pm: PairMaps, a: NestedTensor, b: NestedTensor) -> NestedTensor:

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 import padless
 from padless import Collator, Field
 from padless.collate import collated_plan
-from padless.ops import broadcast
+from padless.ops.common import broadcast
 from padless.tensor import layout
 from padless.testing import assert_close_samples
 
@@ -108,7 +108,7 @@ def test_cached_results_equal_fresh_results():
 
 def test_transformed_fields_reach_the_maps_through_the_plan_hook(layout_calls):
     """``u(x).unsqueeze(2) + v(x).unsqueeze(1)``: the collated maps reach the op layer
-    through ``padless.ops.broadcast.PLAN_PROVIDERS``; no layout work in the main process."""
+    through ``padless.ops.common.broadcast.PLAN_PROVIDERS``; no layout work in the main process."""
     assert collated_plan in broadcast.PLAN_PROVIDERS
     samples = _samples()
     b = COLLATOR(samples)

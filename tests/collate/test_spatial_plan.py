@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from padless import Collator, Field
-from padless.ops import spatial
+from padless.ops.vision import spatial
 
 STEM = dict(kernel_size=7, stride=2, padding=3)
 POOL = dict(kernel_size=3, stride=2, padding=1)

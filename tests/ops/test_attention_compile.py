@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import padless
-from padless.ops.attention_compiled import packed_sdpa_general_fwd
+from padless.ops.attention.sdpa_compiled import packed_sdpa_general_fwd
 from padless.testing import assert_close_samples
 
 # (batch size, seed) of the 8 batches: B changes from 2 to 32.

@@ -1,6 +1,6 @@
 """SDPA where the ragged dims are not (only) the sequence dim, and row attention over pairs.
 
-Two families (:mod:`padless.ops.attention_rows`): ragged batch dims with a static sequence
+Two families (:mod:`padless.ops.attention.rows`): ragged batch dims with a static sequence
 (NJT's ``(B, j, L, E)``, one SDPA call on the packed rows), and pair states
 ``(N_i, N_i, H, E)`` where each row of a sample attends over that sample's keys
 (:func:`padless.ops.row_attention`, or plain SDPA on ``(N_i, H, N_i, E)``). Every output
@@ -378,7 +378,7 @@ def test_compiled_static_sequence_one_graph():
 
 
 def test_dropout_under_compile_is_refused(monkeypatch):
-    from padless.ops import attention_rows
+    from padless.ops.attention import rows as attention_rows
 
     qt = _pairs([3, 2], 1)[0].transpose(2, 3)
     monkeypatch.setattr(attention_rows, "_is_traced", lambda t: True)  # as inside torch.compile

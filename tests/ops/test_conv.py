@@ -1,4 +1,4 @@
-"""Convolutions on packed images and sequences (padless/ops/conv.py), image by image against torch."""
+"""Convolutions on packed images and sequences (padless/ops/vision/conv.py), image by image against torch."""
 
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ def test_conv2d_groups_and_depthwise():
 
 @pytest.mark.parametrize("mode", ["reflect", "replicate", "circular"])
 def test_conv2d_padding_modes(mode):
-    """nn.Conv2d pads through F.pad first (padless/ops/pixel_layout.py), then convolves."""
-    pytest.importorskip("padless.ops.pixel_layout", reason="F.pad of ragged dims is not in this tree")
+    """nn.Conv2d pads through F.pad first (padless/ops/vision/pixel_layout.py), then convolves."""
+    pytest.importorskip("padless.ops.vision.pixel_layout", reason="F.pad of ragged dims is not in this tree")
     conv = _conv(3, 4, 3, padding=1, stride=2, padding_mode=mode)
     x, dense = image_batch(SIZES["odd_sizes"], seed=3, dtype=D, requires_grad=True)
     check_layer(conv, x, dense, params=[conv.weight, conv.bias])

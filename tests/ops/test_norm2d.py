@@ -1,4 +1,4 @@
-"""Batch norm over the real pixels of all images, instance norm per image (padless/ops/norm2d.py),
+"""Batch norm over the real pixels of all images, instance norm per image (padless/ops/vision/norm2d.py),
 and the per-sample fallback refusing ops whose result mixes samples (padless/tensor/fallback.py)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Patch tokens from variable-size images and kernel == stride convolution (padless/ops/patchify.py)."""
+"""Patch tokens from variable-size images and kernel == stride convolution (padless/ops/vision/patchify.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 import padless
-from padless.ops import patch_grid, patchify, unpatchify
+from padless.ops import patch_grid
+from padless.ops.vision import patchify
+from padless.ops import unpatchify
 from padless.testing import Variant, check_op, make_batch
 
 # Images whose sides are multiples of 2 (and of (2, 3) for "div6"): a zero-area image,

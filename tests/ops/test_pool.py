@@ -1,4 +1,4 @@
-"""Pooling of packed images (padless/ops/pool.py), image by image against torch."""
+"""Pooling of packed images (padless/ops/vision/pool.py), image by image against torch."""
 
 from __future__ import annotations
 

@@ -114,7 +114,7 @@ def one_thread():
 
 def test_broadcast_plans_of_a_long_lived_left_operand_stay_bounded(one_thread):
     # Before: one plan per partner, each keeping two StructureMetas alive (2,002 after 1,000 steps)
-    from padless.ops.broadcast import PLAN_CACHE_SIZE
+    from padless.ops.common.broadcast import PLAN_CACHE_SIZE
 
     g = torch.Generator().manual_seed(0)
     left = padless.from_list([torch.randn(3, 1, 2, generator=g) for _ in range(8)])
@@ -133,7 +133,7 @@ def test_broadcast_plans_of_a_long_lived_left_operand_stay_bounded(one_thread):
 
 
 def test_recently_used_plan_survives_eviction():
-    from padless.ops.broadcast import PLAN_CACHE_SIZE, plan
+    from padless.ops.common.broadcast import PLAN_CACHE_SIZE, plan
 
     left = padless.from_list([torch.randn(2, 1), torch.randn(3, 1)])
     keep = padless.from_list([torch.randn(1, 2), torch.randn(1, 4)], ragged_dims=(1,))

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import padless
-from padless.ops.size_groups import shape_groups
+from padless.ops.common.size_groups import shape_groups
 from padless.testing import Variant, assert_close_samples, check_op, leaves
 
 # Repeated sizes (grouped into one call), an image smaller than a bicubic window, 1-pixel sides.

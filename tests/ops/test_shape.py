@@ -1,4 +1,4 @@
-"""Shape ops that keep every sample's rows (padless/ops/shape.py) and static indexing
+"""Shape ops that keep every sample's rows (padless/ops/rows/shape.py) and static indexing
 (padless/tensor/convert.getitem), through the reference harness."""
 
 from __future__ import annotations

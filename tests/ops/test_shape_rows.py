@@ -1,4 +1,4 @@
-"""Shape ops that build new rows or join NestedTensors (padless/ops/shape_rows.py):
+"""Shape ops that build new rows or join NestedTensors (padless/ops/rows/shape_rows.py):
 narrow, cat, stack, gather, through the reference harness."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import padless
-from padless.ops.shape_rows import relayout
+from padless.ops.rows.shape_rows import relayout
 from padless.testing import check_op, make_batch, variant
 from padless.tensor.core import NestedTensor
 

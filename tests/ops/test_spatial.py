@@ -1,4 +1,4 @@
-"""Spatial plans (padless/ops/spatial.py): caching, shared structures, layouts, no envelope."""
+"""Spatial plans (padless/ops/vision/spatial.py): caching, shared structures, layouts, no envelope."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import padless
-from padless.ops import spatial
-from padless.ops.spatial import Geometry, build_spatial_plan, spatial_plan
+from padless.ops.vision import spatial
+from padless.ops.vision.spatial import Geometry, build_spatial_plan, spatial_plan
 from padless.testing.vision import check_layer, image_batch
 
 D = torch.float64

@@ -293,7 +293,7 @@ def test_prepare_for_compile_refuses_what_it_cannot_serve():
 def test_island_refuses_maps_of_another_batch_and_keeps_torch_errors():
     """The opaque op checks the row count the maps promised (a batch prepared for other sizes),
     and an image the layer cannot run on gets eager's error, naming the image."""
-    from padless.ops.vision_compiled import image_island
+    from padless.ops.vision.compiled import image_island
 
     x, _ = image_batch([(9, 12), (5, 7)])
     spec = repr((2, 1, 1, 1, False))

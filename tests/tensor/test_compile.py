@@ -74,7 +74,7 @@ def test_inductor_backend():
 def test_flatten_contract():
     x = _batch([2, 3])
     names, ctx = x.__tensor_flatten__()
-    # the pair row count rides along as a stride-0 carrier (padless.ops.compile_rows)
+    # the pair row count rides along as a stride-0 carrier (padless.ops.common.carried)
     assert names == ["_values", "_offsets", "_sizes", "_pair_count"] and ctx == ((0,), ("pair_count",))
     y = type(x).__tensor_unflatten__({n: getattr(x, n) for n in names}, ctx, x.shape, x.stride())
     assert y.shape == x.shape and torch.equal(y.values(), x.values())

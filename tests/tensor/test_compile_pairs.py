@@ -19,7 +19,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import padless
-from padless.ops.pair_contract import pair_einsum
+from padless.ops.pairs.triangle import pair_einsum
 from padless.testing import assert_close_samples
 
 INDUCTOR = os.environ.get("PADLESS_COMPILE_INDUCTOR", "") not in ("", "0")

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import padless
-from padless.ops.attention_compiled import packed_sdpa
+from padless.ops.attention.sdpa_compiled import packed_sdpa
 from padless.testing import assert_close_samples
 
 INDUCTOR = os.environ.get("PADLESS_COMPILE_INDUCTOR", "") not in ("", "0")
@@ -215,8 +215,8 @@ def test_flatten_carries_the_pair_row_count_without_preparation():
     assert x._stable_hash_for_caching().startswith("padless.NestedTensor((0,),)('pair_count',)@")
     # ops that keep the rows keep the carrier (so u(x).unsqueeze(2) still finds it)
     assert torch.nn.Linear(3, 5)(x).unsqueeze(2)._pair_count is carrier
-    # the pair maps built from it, as documented in padless.ops.compile_rows
-    assert padless.ops.compile_rows.pair_rows(x.offsets(), 5).tolist() == [0, 0, 1, 1, 2]
+    # the pair maps built from it, as documented in padless.ops.common.carried
+    assert padless.ops.common.carried.pair_rows(x.offsets(), 5).tolist() == [0, 0, 1, 1, 2]
     # prepare_for_compile still works (and makes the same carrier now)
     z = padless.prepare_for_compile(padless.from_list([torch.randn(n, 3) for n in (2, 1)]))
     assert z._pair_count.shape == (5,)

@@ -244,7 +244,7 @@ _FUNCS: dict[Any, str] = {}
 def broadcast_pair(func: Any, nts: list[Any], plan: Any) -> Tensor | None:
     """Values of ``(N_i, 1, C) (+|*) (1, M_i, C)`` (either order) from the pair kernel, or None.
 
-    ``plan`` is the broadcast plan (:func:`padless.ops.broadcast.plan`); None means: run the
+    ``plan`` is the broadcast plan (:func:`padless.ops.common.broadcast.plan`); None means: run the
     generic path (gather through the plan's row maps), which is also this kernel's twin.
     """
     if not dispatch.quick_check(nts[0]._values):

@@ -1,6 +1,6 @@
 """Segmented reductions over groups of rows: sum, mean, amax, amin, logsumexp, var.
 
-A reduction over ragged dims groups rows (see :mod:`padless.ops.segment`). When
+A reduction over ragged dims groups rows (see :mod:`padless.ops.common.segment`). When
 the reduced ragged dims are consecutive in storage order, every group is a
 *strided run* of rows: ``rows = start[g] + k * stride[g]`` for ``k < count[g]``.
 That covers the leading and the inner ragged level, and the rows (inner dim,
@@ -22,15 +22,24 @@ from __future__ import annotations
 
 import math
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
 
 from padless.ops.kernels import dispatch
 
-if TYPE_CHECKING:
-    from padless.ops.segment import Groups
+
+
+class Groups(Protocol):
+    """What the kernels read of a row grouping (:class:`padless.ops.common.segment.Groups`,
+    which is built above this layer: kernels import only the tensor layer)."""
+
+    gid: Tensor  # (T,) group of every row
+    n_groups: int  # python int (host metadata)
+    counts: Tensor  # (G,) rows per group
+
+    def plan(self) -> tuple[Tensor, Tensor, Tensor] | None: ...
 
 FAMILY = "segment_reduce"
 MODES = {"sum": 0, "mean": 1, "amax": 2, "amin": 3, "logsumexp": 4, "var": 5}

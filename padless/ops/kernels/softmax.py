@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import math
 import types
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from padless.ops.kernels import dispatch
-from padless.ops.kernels.segment import BLOCK_R, twin_reduce
+from padless.ops.kernels.segment import BLOCK_R, Groups, twin_reduce
 
-if TYPE_CHECKING:
-    from padless.ops.segment import Groups
 
 FAMILY = "softmax"
 tl: Any = None

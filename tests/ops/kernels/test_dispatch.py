@@ -5,7 +5,7 @@ import torch
 
 from padless.ops.kernels import dispatch, explain
 from padless.ops.kernels.segment import twin_reduce
-from padless.ops.segment import groups
+from padless.ops.common.segment import groups
 from padless.testing import make_batch
 
 

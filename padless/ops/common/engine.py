@@ -1,0 +1,259 @@
+"""The generic pointwise engine: an elementwise op run once on the packed rows.
+
+Any ATen op tagged ``torch.Tag.pointwise`` (add, mul, sigmoid, eq, where, clamp,
+pow, their in-place and backward variants...) runs once on the packed
+``values``. Operands are mapped onto rows:
+
+* a NestedTensor of the same structure -> its ``values`` (structures are checked);
+* a scalar or 0-d tensor -> itself;
+* a dense tensor that broadcasts against the static tail, e.g. ``(C,)`` against
+  samples ``(L_i, C)`` -> a view over the static dims;
+* a dense tensor with a per-sample batch dim, e.g. ``(B, 1, C)`` -> gathered per row;
+* during backward only, a dense tensor of the envelope shape: the zeros autograd
+  makes for a custom Function's unused output, read as a padded batch
+  (:func:`_engine_zeros_rows`).
+
+Any other dense operand that spans a ragged dim (size > 1 there) has no per-sample
+meaning and is refused with a message naming the dim.
+
+Because these run below autograd, backward formulas of pointwise ops are
+pointwise ops on NestedTensors too, so gradients need nothing extra except the
+reduction that ``sum_to_size`` performs for broadcast dense operands
+(:func:`padless.ops.rows.reduce.sum_dim`).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from padless.tensor.core import NestedTensor, _structure_mismatch, wrap_like
+from padless.tensor.registry import lend
+from padless.tensor.errors import StructureError
+
+aten = torch.ops.aten
+
+
+def _name(func) -> str:
+    return func._schema.name.split("::")[-1]
+
+
+@lend("dense_to_rows")
+def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
+    """Map a dense operand onto ``ref``'s rows (see module docstring)."""
+    k = d.dim()
+    if k == 0 or k <= _trailing_static(ref.sample_dim, ref._ragged):
+        return d  # broadcasts against values (T, *static) as it is
+    nd = len(ref._env) + 1
+    if d.dim() > nd:
+        raise StructureError(
+            f"{opname}(): a dense operand of shape {tuple(d.shape)} has more dims than the "
+            f"NestedTensor (envelope {tuple(ref.shape)}); broadcasting would add a batch dim"
+        )
+    aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
+    for r in ref._ragged:
+        if aligned[1 + r] != 1:
+            if _in_backward() and _padded_like(d, ref):
+                return _engine_zeros_rows(opname, d, ref)
+            raise StructureError(
+                f"{opname}(): a dense operand of shape {tuple(d.shape)} spans ragged dim {r + 1} "
+                f"(size {aligned[1 + r]}); a dense tensor can only broadcast over ragged dims with "
+                "size 1. Make it a NestedTensor of the same structure, or reduce that dim."
+            )
+    static = [s for s in range(ref.sample_dim) if s not in ref._ragged]
+    rows = d.reshape(aligned[0], *[aligned[1 + s] for s in static])
+    b = aligned[0]
+    if b == 1:
+        return rows
+    if b != ref.batch_size:
+        raise StructureError(
+            f"{opname}(): a dense operand of shape {tuple(d.shape)} has {b} entries on the batch dim, "
+            f"the NestedTensor has {ref.batch_size} samples"
+        )
+    return rows.index_select(0, ref.row_sample_ids())
+
+
+def _in_backward() -> bool:
+    """True while the autograd engine runs a backward pass (in this thread)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def _padded_like(d: Tensor, ref: NestedTensor) -> bool:
+    """``d`` has ``ref``'s envelope shape, up to static dims of extent 1 on either side
+    (broadcasting), e.g. ``(B, max L, 1)`` against ``(B, max L, C)``."""
+    env = tuple(ref.shape)
+    if d.dim() != len(env) or d.shape[0] != env[0]:
+        return False
+    ragged = {r + 1 for r in ref._ragged}
+    return all(
+        d.shape[i] == env[i] if i in ragged else d.shape[i] in (env[i], 1) or env[i] == 1
+        for i in range(1, len(env))
+    )
+
+
+def _engine_zeros_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
+    """During backward, a dense operand of ``ref``'s envelope shape (static dims may
+    broadcast) is read as a padded batch: each sample reads its own leading corner
+    (``from_padded(d, like=ref)``).
+
+    This is what the autograd engine hands a custom ``autograd.Function`` for an output whose
+    gradient is None: zeros of that output's ``shape`` (which may differ from the other
+    outputs' in static dims), dense, because padless tensors are not
+    C++ nested tensors (torch builds NJT zeros with ``zeros_like`` only for those). NJT code
+    such as ``return grad_out1 + grad_out2`` in a backward then works unchanged. Outside a
+    backward pass such an operand is refused as before (``from_padded(d, like=nt)`` is the
+    explicit form), and so is one that requires grad, which autograd would give a packed
+    gradient.
+    """
+    if d.requires_grad:
+        raise StructureError(
+            f"{opname}(): a dense operand of the envelope shape {tuple(d.shape)} that requires grad; "
+            "autograd cannot hand a packed gradient to a dense tensor. Convert it first: "
+            "padless.from_padded(dense, like=nt)"
+        )
+    from padless.tensor.convert import pack_like
+
+    return pack_like(d, ref)._values
+
+
+@functools.lru_cache(maxsize=None)
+def _trailing_static(ndim: int, ragged: tuple[int, ...]) -> int:
+    """How many trailing sample dims are static (they are the trailing dims of values)."""
+    return ndim - 1 - max(ragged) if ragged else ndim
+
+
+_INPLACE: dict[Any, bool] = {}
+
+
+def _is_inplace(func) -> bool:
+    hit = _INPLACE.get(func)
+    if hit is None:
+        a0 = func._schema.arguments[0] if func._schema.arguments else None
+        hit = bool(a0 is not None and a0.alias_info is not None and a0.alias_info.is_write)
+        _INPLACE[func] = hit
+    return hit
+
+
+def _first_nested(args, kwargs) -> NestedTensor:
+    for a in args:
+        if isinstance(a, NestedTensor):
+            return a
+    for a in kwargs.values():
+        if isinstance(a, NestedTensor):
+            return a
+    raise RuntimeError("padless internal: pointwise handler called without a NestedTensor operand")
+
+
+def run_on_rows(opname, func, args, kwargs, inplace: bool):
+    """Call ``func`` with every operand mapped onto rows; wrap the result in the structure.
+
+    ``opname`` is a string or a callable returning it (names are only built for errors).
+    """
+    ref = _first_nested(args, kwargs)
+    if callable(opname):
+        opname = _LazyName(opname)
+    if "out" in kwargs:
+        raise NotImplementedError(f"{opname}(): out= is not supported with NestedTensor operands")
+
+    aligned: dict[int, Tensor] = {}
+    nts = _nested_operands(args, kwargs)
+    if len(nts) > 1 and _needs_broadcast(ref, nts, opname):
+        from padless.ops.common import broadcast
+
+        p = broadcast.plan(str(opname), nts)
+        if inplace and (p.rows[0] is not None or p.squeeze[0]):
+            raise StructureError(
+                f"{opname}(): an in-place op cannot change the structure of its first operand "
+                f"(ragged dims {ref.ragged_dims}) to the broadcast result's {p.template.ragged_dims}"
+            )
+        if len(nts) == 2 and len(args) == 2 and not kwargs and not inplace:
+            from padless.ops.kernels.pair import broadcast_pair
+
+            fused = broadcast_pair(func, nts, p)  # (N,1,C) (+|*) (1,M,C) without gathers, on CUDA
+            if fused is not None:
+                return wrap_like(fused, p.template)
+        for n, rows, sq in zip(nts, p.rows, p.squeeze):
+            aligned[id(n)] = broadcast.align(n._values, rows, sq)
+        ref = p.template
+    new_args = []
+    for a in args:
+        if isinstance(a, NestedTensor):
+            a = aligned.get(id(a), a._values)
+        elif isinstance(a, Tensor):
+            a = dense_to_rows(opname, a, ref)
+        new_args.append(a)
+    new_kwargs = kwargs
+    if kwargs:
+        new_kwargs = {}
+        for k, a in kwargs.items():
+            if isinstance(a, NestedTensor):
+                a = aligned.get(id(a), a._values)
+            elif isinstance(a, Tensor):
+                a = dense_to_rows(opname, a, ref)
+            new_kwargs[k] = a
+    if inplace:
+        if not isinstance(args[0], NestedTensor):
+            raise StructureError(
+                f"{opname}(): an in-place op on a dense tensor cannot take a NestedTensor operand "
+                "(the result would need the ragged structure)"
+            )
+        func(*new_args, **new_kwargs)
+        return args[0]
+    out = func(*new_args, **new_kwargs)
+    if isinstance(out, tuple):
+        return tuple(wrap_like(o, ref) for o in out)
+    return wrap_like(out, ref)
+
+
+def _nested_operands(args, kwargs) -> list[NestedTensor]:
+    out: list[NestedTensor] = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, NestedTensor) and all(a is not b for b in out):
+            out.append(a)
+    return out
+
+
+def _needs_broadcast(ref: NestedTensor, nts: list[NestedTensor], opname=None) -> bool:
+    """False when every operand has ``ref``'s structure (the common case: an identity test).
+    Under compile, operands of distinct structures get a run-time check named ``opname``."""
+    for n in nts[1:]:
+        if n._meta is ref._meta and n._ragged == ref._ragged:
+            continue
+        if _structure_mismatch(ref, n, opname, broadcast=True) is not None:
+            return True
+    return False
+
+
+class _LazyName:
+    """Formats as the op name, computed only when an error message needs it."""
+
+    __slots__ = ("fn",)
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __str__(self) -> str:
+        return self.fn()
+
+    __format__ = lambda self, spec: format(str(self), spec)  # noqa: E731
+
+
+@lend("pointwise_aten")
+def pointwise_aten(func, *args, **kwargs):
+    """Run an elementwise ATen op on packed rows (below autograd)."""
+    return run_on_rows(lambda: _name(func), func, args, kwargs, _is_inplace(func))
+
+
+def pointwise_function(func, args, kwargs):
+    """Torch-level fast path for an elementwise callable when no gradient is needed."""
+    if func in _WHERE and len(args) + len(kwargs) < 3:
+        return func(*args, **kwargs)  # torch.where(cond) is nonzero(), not elementwise
+    if kwargs.get("inplace") or any(a is True for a in args[1:]):
+        return func(*args, **kwargs)  # F.relu(x, inplace=True): the ATen path bumps versions
+    return run_on_rows(lambda: getattr(func, "__name__", "op").strip("_"), func, args, kwargs, False)
+
+
+_WHERE = {torch.where, torch.Tensor.where}

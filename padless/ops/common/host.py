@@ -1,0 +1,165 @@
+"""Host-side structure of a batch: row counts for ops that make new rows, and reshape targets.
+
+Shared by the families that build new structures (shape ops, pixel layout, patches,
+spatial plans, NJT parity).
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.ops.common.structure import RAGGED, STATIC, DimSpec, keep_all
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, envelope_from_sizes
+from padless.tensor.errors import StructureError
+
+
+def host_structure(nt: NestedTensor, op: str) -> tuple[Tensor, Tensor]:
+    """``nt``'s host sizes and offsets, for ops that must know how many rows they make.
+
+    Syncs once for a device batch built without host metadata (see
+    :meth:`NestedTensor.host_sizes`); refused under ``torch.compile``, where sizes are
+    runtime data and a row count cannot be read.
+    """
+    if nt._meta.host_sizes is None and _is_traced(nt._sizes):
+        raise NotImplementedError(
+            f"{op}(): this op builds a new ragged structure (row counts, envelope) from the batch's host "
+            "metadata; it is not available inside torch.compile yet. Run it outside the compiled region."
+        )
+    return nt.host_sizes(), nt.host_offsets()
+
+
+def from_host_structure(
+    values: Tensor,
+    host_sizes: Tensor,
+    ragged: tuple[int, ...],
+    like: NestedTensor,
+    host_offsets: Tensor | None = None,
+    device_offsets: Tensor | None = None,
+) -> NestedTensor:
+    """A NestedTensor around ``values`` (autograd kept) with new host sizes, on ``like``'s device.
+
+    ``host_offsets`` default to the row counts of ``host_sizes``; ``device_offsets`` can be
+    passed when the rows did not change, to skip a host-to-device copy.
+    """
+    if host_offsets is None:
+        host_offsets = layout.offsets_from_counts(layout.row_counts(host_sizes, ragged))
+    dev = like._offsets.device
+    on_cpu = dev.type == "cpu"
+    sizes = host_sizes if on_cpu else host_sizes.to(dev, non_blocking=True)
+    if device_offsets is None:
+        device_offsets = host_offsets if on_cpu else host_offsets.to(dev, non_blocking=True)
+    env = envelope_from_sizes(host_sizes, ragged, values.shape[1:])
+    return nested_from_values(values, device_offsets, sizes, ragged, env, StructureMeta(host_sizes, host_offsets))
+
+
+def int_entries(op: str, what: str, shape: Sequence[Any]) -> list[int]:
+    out = []
+    for s in shape:
+        if isinstance(s, torch.SymInt):
+            out.append(s)
+            continue
+        try:
+            if isinstance(s, (Tensor, bool)):
+                raise TypeError
+            out.append(operator.index(s))
+        except TypeError:
+            raise TypeError(f"{op}(): {what} entries must be ints, got {s!r}") from None
+    return out
+
+
+def shape_arg(args: tuple) -> list[Any]:
+    if len(args) == 1 and isinstance(args[0], (tuple, list, torch.Size)):
+        return list(args[0])
+    return list(args)
+
+
+def static_changed(nt: NestedTensor, sdim: int, extent: int) -> list[DimSpec]:
+    """``nt``'s dims with static sample dim ``sdim`` given a new extent."""
+    dims = keep_all(nt)
+    dims[sdim] = (STATIC, extent)
+    return dims
+
+
+def ragged_error(op: str, nt: NestedTensor, odim: int, why: str) -> StructureError:
+    """A structure error (both ValueError and RuntimeError, as torch.nested code expects)."""
+    return StructureError(
+        f"{op}(): dim {odim} is ragged; {why} (ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)})"
+    )
+
+
+
+
+def fit_run(entries: Sequence[int], numel: int) -> list[int] | None:
+    """``entries`` as a static run of ``numel`` elements (one -1 inferred), or None."""
+    holes = [i for i, e in enumerate(entries) if e == -1]
+    known = math.prod(e for e in entries if e != -1)
+    if len(holes) > 1:
+        return None
+    if holes:
+        if known == 0 or numel % known:
+            return None
+        out = list(entries)
+        out[holes[0]] = numel // known
+        return out
+    return list(entries) if known == numel else None
+
+
+def match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
+    """New sample dims for ``reshape``/``view`` (see :func:`padless.ops.rows.shape.reshape` for the rule)."""
+    b, d = nt.batch_size, nt.sample_dim
+    if len(target) == 0 or target[0] not in (-1, b):
+        raise StructureError(
+            f"{op}(): the target shape {tuple(target)} must keep the batch dim first "
+            f"(as {b} or -1); a NestedTensor's samples cannot be merged or split"
+        )
+    rest = target[1:]
+    if any(e < -1 for e in rest):
+        raise StructureError(f"{op}(): invalid target shape {tuple(target)}")
+    rag = sorted(nt._ragged)
+    runs, cur = [], 1
+    for s in range(d):
+        if s in rag:
+            runs.append(cur)
+            cur = 1
+        else:
+            cur *= nt._env[s]
+    runs.append(cur)
+    found: list[tuple[tuple[int, bool], list[DimSpec]]] = []
+
+    def search(a: int, start: int, dims: list[DimSpec], at_hole: int, same: bool) -> None:
+        if a == len(rag):
+            run = fit_run(rest[start:], runs[a])
+            if run is not None:
+                found.append(((at_hole, same), dims + [(STATIC, n) for n in run]))
+            return
+        for j in range(start, len(rest)):
+            if rest[j] in (-1, nt._env[rag[a]]):
+                run = fit_run(rest[start:j], runs[a])
+                if run is not None:
+                    new = dims + [(STATIC, n) for n in run] + [(RAGGED, rag[a])]
+                    search(a + 1, j + 1, new, at_hole + (rest[j] == -1), same and j == rag[a])
+
+    search(0, 0, [], 0, True)
+    if not found:
+        raise StructureError(
+            f"{op}(): cannot reshape a NestedTensor of envelope {tuple(nt.shape)} with ragged outer dims "
+            f"{tuple(r + 1 for r in rag)} to {tuple(target)}: the batch dim and every ragged dim must stay, "
+            f"in order, written as -1 or their envelope extent, and each run of static dims between "
+            f"them must keep its number of elements (static runs hold {tuple(runs)} elements); "
+            "only static dims can be reshaped"
+        )
+    best = max(score for score, _ in found)
+    picks = [dims for score, dims in found if score == best]
+    if len(picks) > 1:
+        raise StructureError(
+            f"{op}(): target shape {tuple(target)} is ambiguous for ragged outer dims "
+            f"{tuple(r + 1 for r in rag)} of envelope {tuple(nt.shape)}; write each ragged dim as -1"
+        )
+    return picks[0]

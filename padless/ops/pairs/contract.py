@@ -1,0 +1,255 @@
+"""Contractions: ``matmul`` / ``@``, ``bmm`` and ``einsum`` on NestedTensors.
+
+* NestedTensor ``@`` dense weight (contracting a static trailing dim) runs once on
+  ``values`` (one GEMM for the whole batch); so does dense ``@`` NestedTensor when
+  the contracted dim is static.
+* NestedTensor ``@`` NestedTensor (``q @ k.transpose(-1, -2)`` giving ``(Q_i, K_i)``,
+  ``attn @ v``, triangle products) contracts a ragged dim whose extent differs per
+  sample. There is no segmented GEMM in torch without padding, so this runs one
+  dense matmul per sample on views of ``values`` (a loop over samples, no padding)
+  and packs the results; a grouped-GEMM kernel is the planned CUDA path.
+* ``einsum`` whose product is no larger than its largest operand (outer products
+  ``bic,bjc->bijc``, ``bijc,bjc->bic``, ...) is computed as pair broadcasting plus
+  a segmented sum; other equations (triangle multiplication ``bikc,bjkc->bijc``)
+  run per sample as above.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+
+from padless.ops.pairs import grouped
+from padless.ops.common.structure import STATIC, call, keep_all, restructure, values_dim
+from padless.tensor.autograd import rewrap, values_of
+from padless.tensor.construct import from_list
+from padless.tensor.convert import unbind_samples
+from padless.ops.pairs.triangle import traced_pair_einsum
+from padless.tensor.core import NestedTensor, _is_traced
+from padless.tensor.registry import implements
+from padless.tensor.errors import StructureError
+
+
+def per_sample(
+    op: str, fn: Callable[..., Tensor], operands: Sequence[NestedTensor], out_ragged: tuple[int, ...]
+) -> NestedTensor:
+    """Run ``fn`` on every sample (dense views, differentiable) and pack the results."""
+    b = operands[0].batch_size
+    for o in operands[1:]:
+        if o.batch_size != b:
+            raise StructureError(f"{op}(): batch sizes differ: {b} vs {o.batch_size}")
+    per_op = [unbind_samples(o) for o in operands]
+    outs = [fn(*[s[i] for s in per_op]) for i in range(b)]
+    if not outs:
+        raise StructureError(f"{op}(): empty batch")
+    return from_list(outs, ragged_dims=out_ragged, keep_history=True)
+
+
+def _ragged_set(nt: NestedTensor) -> set[int]:
+    return set(nt._ragged)
+
+
+def _matmul_nested_dense(op: str, a: NestedTensor, w: Tensor) -> Tensor:
+    """Contract a's last sample dim (static) with a dense matrix or vector."""
+    d = a.sample_dim - 1
+    if d in a._ragged:
+        raise StructureError(
+            f"{op}(): the contracted dim (last of the NestedTensor) is ragged; multiply by another "
+            "NestedTensor with the same ragged extent, or transpose the static features last"
+        )
+    if w.dim() > 2 and w.dim() == a.dim():
+        return _matmul_nested_batched_dense(op, a, w)
+    if w.dim() > 2:
+        raise ValueError(
+            f"{op}(): a dense right operand must be 1-D, 2-D, or batched with one matrix per sample "
+            f"(as many dims as the NestedTensor, {a.dim()}), got shape {tuple(w.shape)}"
+        )
+    vals = values_of(a)
+    vd = values_dim(a, d)
+    moved = vals.movedim(vd, -1) if vd != vals.dim() - 1 else vals
+    out = moved @ w
+    if w.dim() == 1:
+        dims = [spec for p, spec in enumerate(keep_all(a)) if p != d]
+        return restructure(a, out, dims)
+    if vd != vals.dim() - 1:
+        out = out.movedim(-1, vd)
+    return rewrap(out, a)
+
+
+def _matmul_nested_batched_dense(op: str, a: NestedTensor, w: Tensor) -> NestedTensor:
+    """NestedTensor ``(B, j, D)`` @ batched dense ``(B, D, E)``: ``sample_i @ w[i]`` (NJT's
+    NestedTensor x dense case), one matmul per sample on views of ``values``; a dense batch
+    dim of 1 applies ``w[0]`` to every sample."""
+    if w.shape[0] not in (a.batch_size, 1):
+        raise StructureError(
+            f"{op}(): a dense right operand with {w.dim()} dims is batched: its dim 0 ({w.shape[0]}) must be "
+            f"the NestedTensor's batch size ({a.batch_size}) or 1; use a 2-D matrix to apply one to every sample"
+        )
+    outs = [s @ w[i if w.shape[0] > 1 else 0] for i, s in enumerate(unbind_samples(a))]
+    if not outs:
+        raise StructureError(f"{op}(): empty batch")
+    return from_list(outs, ragged_dims=a.ragged_dims, keep_history=True)
+
+
+def _matmul_dense_nested(op: str, w: Tensor, b: NestedTensor) -> Tensor:
+    """Dense matrix @ NestedTensor contracting b's second-to-last sample dim (static)."""
+    if b.sample_dim < 2:
+        raise StructureError(f"{op}(): dense @ NestedTensor needs samples of rank >= 2 (got rank {b.sample_dim})")
+    d = b.sample_dim - 2
+    if w.dim() == 3 and b.sample_dim == 2 and d not in b._ragged:
+        return _matmul_batched_dense_nested(op, w, b)
+    if d in b._ragged or w.dim() != 2:
+        raise StructureError(
+            f"{op}(): dense @ NestedTensor contracts the second-to-last sample dim, which must be "
+            f"static, with a 2-D matrix (dim {d + 1} ragged: {d in b._ragged}, matrix shape {tuple(w.shape)})"
+        )
+    vals = values_of(b)
+    vd = values_dim(b, d)
+    out = torch.movedim(torch.matmul(vals.movedim(vd, -1), w.transpose(0, 1)), -1, vd)
+    dims = keep_all(b)
+    dims[d] = (STATIC, w.shape[0])
+    return restructure(b, out, dims)
+
+
+def _matmul_batched_dense_nested(op: str, w: Tensor, b: NestedTensor) -> NestedTensor:
+    """Batched dense ``(B, F, E)`` @ NestedTensor ``(B, E, j)``: ``w[i] @ sample_i`` (NJT's
+    dense x NJT case), one matmul per sample on views of ``values``."""
+    if w.shape[0] != b.batch_size:
+        raise StructureError(
+            f"{op}(): a 3-D dense left operand is batched: its dim 0 ({w.shape[0]}) must be the "
+            f"NestedTensor's batch size ({b.batch_size}); use a 2-D matrix to apply one to every sample"
+        )
+    outs = [w[i] @ s for i, s in enumerate(unbind_samples(b))]
+    if not outs:
+        raise StructureError(f"{op}(): empty batch")
+    return from_list(outs, ragged_dims=b.ragged_dims, keep_history=True)
+
+
+def _matmul_out_ragged(a: NestedTensor, b: NestedTensor) -> tuple[int, ...]:
+    """Ragged dims of matmul(a, b) per sample: broadcast batch dims, then M (from a), N (from b)."""
+    ra, rb = a.sample_dim, b.sample_dim
+    if ra < 2 or rb < 2:
+        raise StructureError(f"matmul(): NestedTensor @ NestedTensor needs samples of rank >= 2 (got {ra}, {rb})")
+    n = max(ra, rb)
+    ragged = set()
+    for d in range(n - 2):
+        da, db = d - (n - ra), d - (n - rb)
+        if (da >= 0 and da in a._ragged) or (db >= 0 and db in b._ragged):
+            ragged.add(d)
+    if ra - 2 in a._ragged:
+        ragged.add(n - 2)
+    if rb - 1 in b._ragged:
+        ragged.add(n - 1)
+    return tuple(sorted(ragged))
+
+
+@implements(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.Tensor.__rmatmul__, accepts="packed or dense operands")
+def matmul(func, a=None, b=None, **kwargs) -> Tensor:
+    """``a @ b`` with NestedTensor operands (see module docstring for the three cases);
+    torch's keywords ``input=``/``other=`` are accepted."""
+    a, b = kwargs.pop("input", a), kwargs.pop("other", b)
+    if kwargs:
+        raise TypeError(f"matmul(): unexpected keyword arguments {sorted(kwargs)}")
+    if func is torch.Tensor.__rmatmul__:
+        a, b = b, a
+    na, nb = isinstance(a, NestedTensor), isinstance(b, NestedTensor)
+    if na and not nb:
+        return _matmul_nested_dense("matmul", a, b)
+    if nb and not na:
+        return _matmul_dense_nested("matmul", a, b)
+    out_ragged = _matmul_out_ragged(a, b)
+    fused = grouped.matmul_nested(a, b)  # one Triton launch on CUDA (kernels.dispatch), else None
+    if fused is not None:
+        return fused
+    return per_sample("matmul", torch.matmul, [a, b], out_ragged)
+
+
+@implements(torch.bmm, torch.Tensor.bmm)
+def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kwargs) -> Tensor:
+    """Batched matmul of ``(B, n_i, m_i)`` by ``(B, m_i, p_i)``: sample by sample (torch's
+    keywords ``input=``/``mat2=`` are accepted)."""
+    a, b = kwargs.pop("input", a), kwargs.pop("mat2", b)
+    if kwargs:
+        raise TypeError(f"bmm(): unexpected keyword arguments {sorted(kwargs)}")
+    if isinstance(a, NestedTensor) and a.sample_dim == 2 and isinstance(b, Tensor) and not isinstance(b, NestedTensor):
+        if b.dim() != 3:
+            raise StructureError(f"bmm(): mat2 must be 3-D (one matrix per sample), got shape {tuple(b.shape)}")
+        return _matmul_nested_batched_dense("bmm", a, b)
+    for x in (a, b):
+        if not isinstance(x, NestedTensor) or x.sample_dim != 2:
+            raise StructureError(
+                "bmm(): expects a NestedTensor with 2-D samples and, as mat2, another such NestedTensor or a "
+                "dense (B, m, p) tensor (use matmul for other ranks)"
+            )
+    return per_sample("bmm", torch.mm, [a, b], _matmul_out_ragged(a, b))
+
+
+# ---------------------------------------------------------------------------- einsum
+
+
+def _parse(equation: str, n_operands: int) -> tuple[list[str], str]:
+    eq = equation.replace(" ", "")
+    if "..." in eq:
+        raise NotImplementedError("einsum(): ellipsis is not supported with NestedTensor operands")
+    if "->" not in eq:
+        raise ValueError("einsum(): give the output explicitly (an equation with '->')")
+    lhs, out = eq.split("->")
+    ins = lhs.split(",")
+    if len(ins) != n_operands:
+        raise ValueError(f"einsum(): equation {equation!r} has {len(ins)} operands, got {n_operands}")
+    return ins, out
+
+
+@implements(torch.einsum, accepts="packed operands sharing a leading batch index")
+def einsum(func, equation: str, *operands) -> Tensor:
+    """einsum over NestedTensors whose first index is the batch index in every operand and the output."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    ins, out = _parse(equation, len(operands))
+    if not all(isinstance(o, NestedTensor) for o in operands):
+        raise TypeError("einsum(): every operand must be a NestedTensor (move dense weights into linear/matmul)")
+    batch = ins[0][0]
+    if any(s[0] != batch for s in ins) or not out or out[0] != batch:
+        raise ValueError(
+            f"einsum(): {equation!r}: the first index must be the batch index in every operand and the output"
+        )
+    for s, o in zip(ins, operands):
+        if len(s) != o.dim():
+            raise StructureError(f"einsum(): operand {s!r} has {len(s)} indices but the NestedTensor has {o.dim()} dims")
+    ragged_letters = {s[1 + d] for s, o in zip(ins, operands) for d in o._ragged}
+    summed = [c for c in dict.fromkeys("".join(ins)) if c not in out]
+    order = list(out) + summed
+    largest = max(len(set(s)) for s in ins)
+    if not summed or len(order) <= largest:
+        return _einsum_broadcast(ins, out, summed, order, operands)
+    out_ragged = tuple(i for i, c in enumerate(out[1:]) if c in ragged_letters)
+    if _is_traced(operands[0]._values):  # compiled: triangle products as one custom op
+        traced = traced_pair_einsum(ins, out, operands)
+        if traced is not None:
+            return traced
+    if len(operands) == 2:
+        fused = grouped.contract_nested(operands[0], ins[0][1:], operands[1], ins[1][1:], out[1:])
+        if fused is not None:
+            return fused
+    sample_eq = ",".join(s[1:] for s in ins) + "->" + out[1:]
+    return per_sample("einsum", lambda *xs: torch.einsum(sample_eq, *xs), operands, out_ragged)
+
+
+def _einsum_broadcast(ins, out, summed, order, operands) -> Tensor:
+    """Product by broadcasting (creating pair axes as needed), then a segmented sum."""
+    prod = None
+    for s, o in zip(ins, operands):
+        # Move this operand's indices into the global order, inserting singleton dims.
+        # (Handlers run with torch-function dispatch off, so call sibling handlers directly.)
+        present = [c for c in order if c in s]
+        x = call(torch.permute, o, [s.index(c) for c in present]) if present != list(s) else o
+        for pos, c in enumerate(order):
+            if c not in s:
+                x = call(torch.unsqueeze, x, pos)
+        prod = x if prod is None else prod * x
+    if summed:
+        prod = call(torch.sum, prod, dim=tuple(range(len(out), len(order))))
+    return prod

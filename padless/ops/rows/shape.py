@@ -1,0 +1,316 @@
+"""Shape ops that keep every sample's rows: reshape/view, flatten/unflatten, expand,
+pad, split/chunk/tensor_split (``narrow``, ``cat``, ``stack`` and ``gather``, which
+build new rows, are in :mod:`padless.ops.rows.shape_rows`).
+
+Every op here follows one rule per kind of dim (dims are *outer* dims, 0 = batch):
+
+* **static dims** are the trailing dims of ``values``, so an op on them is the same
+  dense op on ``values`` (a view when torch makes one) and the rows are untouched;
+* **ragged dims** have a different extent in every sample. Ops that keep each sample's
+  rows (``flatten`` of ragged dims adjacent in storage) only change metadata; ops
+  that change which rows a sample holds (``cat``/``narrow``/``gather`` along a ragged
+  dim) gather rows through an index computed once on the host metadata;
+* **the batch dim** stays dim 0: ``cat`` along it joins batches, ``split``/``chunk``/
+  ``tensor_split``/``narrow`` along it take sub-batches (views of ``values``).
+
+Where an op has no per-sample meaning (reshaping across a ragged dim, padding a
+ragged dim) it raises, naming the op, the dim and the ragged dims. Nothing pads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.ops.common.structure import RAGGED, STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
+from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.convert import select_samples
+from padless.tensor.core import (
+    NestedTensor,
+    StructureMeta,
+    _fmt_shape,
+    _is_traced,
+)
+from padless.ops.common.host import from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
+from padless.tensor.registry import implements, lend
+from padless.tensor.errors import StructureError
+from padless.tensor.traced import traced_max
+
+@implements(torch.reshape, torch.Tensor.reshape, torch.Tensor.view, accepts="packed")
+def reshape(func, nt: NestedTensor, *shape) -> NestedTensor:
+    """Reshape static dims of every sample; the batch dim and ragged dims stay.
+
+    The rule: the target lists the batch dim (``B`` or ``-1``) and every ragged dim
+    (``-1`` or its envelope extent ``x.shape[d]``) in their order; the static dims
+    between two ragged dims (a *run*) may take any shape with the same number of
+    elements, with one ``-1`` inferred per run. ``(C, L_i)`` with ``C = 6`` reshapes to
+    ``(2, 3, L_i)`` by ``x.reshape(B, 2, 3, -1)``; ``(L_i, H, D)`` to ``(L_i, H*D)`` by
+    ``x.reshape(B, -1, H * D)``. ``view`` does the same on ``values`` with ``view``
+    (no copy), and ``x.view(dtype)`` reinterprets the last (static) dim.
+    """
+    op = "view" if func is torch.Tensor.view else "reshape"
+    if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
+        return _view_dtype(nt, shape[0])
+    dims = match_target(nt, int_entries(op, "shape", shape_arg(shape)), op)
+    vals = values_of(nt)
+    new_static = [n for kind, n in dims if kind == STATIC]
+    vals = vals.view(vals.shape[0], *new_static) if op == "view" else vals.reshape(vals.shape[0], *new_static)
+    return restructure(nt, vals, dims)
+
+
+def _view_dtype(nt: NestedTensor, dtype: torch.dtype) -> NestedTensor:
+    if nt.sample_dim == 0 or nt.sample_dim - 1 in nt._ragged:
+        raise StructureError(
+            f"view(): viewing as {dtype} rescales the last dim, which must be static "
+            f"(ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)})"
+        )
+    vals = values_of(nt).view(dtype)
+    return restructure(nt, vals, static_changed(nt, nt.sample_dim - 1, vals.shape[-1]))
+
+
+@implements(torch.Tensor.reshape_as, torch.Tensor.view_as, accepts="packed; packed or dense other")
+def reshape_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
+    """``reshape``/``view`` to ``other.shape``; a NestedTensor ``other`` must share the ragged structure."""
+    op = "view_as" if func is torch.Tensor.view_as else "reshape_as"
+    if isinstance(other, NestedTensor):
+        _check_ragged_match(op, nt, other)
+    target = torch.Tensor.view if op == "view_as" else torch.Tensor.reshape
+    return reshape(target, nt, tuple(other.shape))
+
+
+def _check_ragged_match(op: str, nt: NestedTensor, other: NestedTensor) -> None:
+    """``other`` has ``nt``'s ragged extents, sample by sample (in sample order); under
+    torch.compile only the count of ragged dims can be checked (sizes are runtime data)."""
+    ra, rb = sorted(nt._ragged), sorted(other._ragged)
+    if len(ra) != len(rb) or nt.batch_size != other.batch_size:
+        raise StructureError(
+            f"{op}(): ragged structures differ: ragged sample dims {nt.ragged_dims} vs {other.ragged_dims}, "
+            f"batch sizes {nt.batch_size} vs {other.batch_size}"
+        )
+    if nt._meta is other._meta or _is_traced(nt._sizes) or _is_traced(other._sizes):
+        return
+    hs, ho = nt.host_sizes(), other.host_sizes()
+    bad = (hs[:, ra] != ho[:, rb]).any(1).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise StructureError(
+            f"{op}(): ragged structures differ: sample {i} has {_fmt_shape(hs[i].tolist())}, "
+            f"other has {_fmt_shape(ho[i].tolist())}"
+        )
+
+
+# ---------------------------------------------------------------------------- flatten / unflatten
+
+
+@implements(torch.flatten, torch.Tensor.flatten, accepts="packed")
+def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> NestedTensor:
+    """Flatten outer dims ``start_dim..end_dim``: all static (a reshape of ``values``), or all
+    ragged and adjacent in storage order (rows unchanged: ``(C, H_i, W_i).flatten(2)`` gives
+    ``(C, H_i*W_i)`` tokens). Mixing ragged and static dims, or the batch dim, raises."""
+    s, e = outer_dim(nt, start_dim, "flatten"), outer_dim(nt, end_dim, "flatten")
+    if s > e:
+        raise ValueError(f"flatten(): start_dim {start_dim} comes after end_dim {end_dim}")
+    if s == e:
+        return nt
+    if s == 0:
+        raise StructureError(
+            f"flatten(): dims {s}..{e} include the batch dim (0); a NestedTensor keeps its batch dim. "
+            "Use flatten(1) to flatten each sample, or x.values() for the packed rows."
+        )
+    span = list(range(s - 1, e))
+    rag = [p for p in span if p in nt._ragged]
+    if not rag:
+        dims = keep_all(nt)
+        v0 = values_dim(nt, span[0])
+        vals = values_of(nt).flatten(v0, v0 + len(span) - 1)
+        new = dims[: span[0]] + [(STATIC, math.prod(dims[p][1] for p in span))] + dims[e:]
+        return restructure(nt, vals, new)
+    if len(rag) != len(span):
+        static = [p + 1 for p in span if p not in nt._ragged]
+        raise StructureError(
+            f"flatten(): dims {s}..{e} mix ragged dims {tuple(p + 1 for p in rag)} with static dims "
+            f"{tuple(static)}; only all-static or all-ragged spans can be flattened "
+            f"(ragged outer dims: {tuple(r + 1 for r in nt.ragged_dims)}). Move the static dims out first "
+            "(e.g. x.movedim(1, -1))."
+        )
+    q = nt._ragged.index(span[0])
+    if tuple(nt._ragged[q : q + len(span)]) != tuple(span):
+        raise StructureError(
+            f"flatten(): ragged dims {s}..{e} are stored in order {tuple(r + 1 for r in nt._ragged)} "
+            "(they were transposed), so their elements are not adjacent in each sample's rows"
+        )
+    k = len(span)
+    keep = [c for c in range(nt.sample_dim) if c not in span[1:]]
+    ragged = tuple(r if r <= span[0] else r - (k - 1) for r in nt._ragged if r not in span[1:])
+    if nt._meta.host_sizes is None and _is_traced(nt._sizes):  # compiled: same rows, a new extent
+        sizes = nt._sizes[:, keep].clone()
+        sizes[:, span[0]] = nt._sizes[:, span].prod(1)
+        meta = StructureMeta()
+        env = [nt._env[c] for c in keep]
+        env[span[0]] = traced_max(sizes[:, span[0]], meta, span[0])
+        return nested_from_values(values_of(nt), nt._offsets, sizes, ragged, env, meta)
+    hs, ho = host_structure(nt, "flatten")
+    new_hs = hs[:, keep].clone()
+    new_hs[:, span[0]] = hs[:, span].prod(1)
+    return from_host_structure(values_of(nt), new_hs, ragged, nt, ho, nt._offsets)
+
+
+@implements(torch.unflatten, torch.Tensor.unflatten, accepts="packed")
+def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedTensor:
+    """Split a static dim into ``sizes`` (one ``-1`` inferred); ragged dims cannot be split."""
+    o = outer_dim(nt, dim, "unflatten")
+    p = sample_dim(nt, dim, "unflatten")
+    if p in nt._ragged:
+        raise ragged_error("unflatten", nt, o, "samples have different extents along it, so no single split fits them all")
+    vals = values_of(nt).unflatten(values_dim(nt, p), tuple(int_entries("unflatten", "sizes", sizes)))
+    vd = values_dim(nt, p)
+    dims = keep_all(nt)
+    new = dims[:p] + [(STATIC, n) for n in vals.shape[vd : vd + len(sizes)]] + dims[p + 1 :]
+    return restructure(nt, vals, new)
+
+
+# ---------------------------------------------------------------------------- expand / pad
+
+
+@implements(torch.Tensor.expand, accepts="packed")
+def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTensor:
+    """Expand static dims of extent 1 (a stride-0 view of ``values``). ``-1`` keeps a dim;
+    the batch dim and ragged dims must be ``-1`` or their current extent."""
+    target = int_entries("expand", "size", shape_arg(sizes))
+    if len(target) != nt.dim():
+        raise StructureError(
+            f"expand(): target {tuple(target)} must have {nt.dim()} entries (batch included); "
+            "a NestedTensor cannot grow new leading dims"
+        )
+    if target[0] not in (-1, nt.batch_size):
+        raise StructureError(f"expand(): the batch dim must stay {nt.batch_size} (or -1), got {target[0]}")
+    dims = keep_all(nt)
+    for p, t in enumerate(target[1:]):
+        kind, n = dims[p]
+        if t == -1 or (kind == RAGGED and t == nt._env[p]):
+            continue
+        if kind == RAGGED:
+            raise ragged_error("expand", nt, p + 1, f"it cannot be expanded to {t}")
+        if t != n and n != 1:
+            raise StructureError(f"expand(): static dim {p + 1} has extent {n}; only extent-1 dims expand (to {t})")
+        dims[p] = (STATIC, t)
+    vals = values_of(nt)
+    return restructure(nt, vals.expand(vals.shape[0], *[n for kind, n in dims if kind == STATIC]), dims)
+
+
+@implements(torch.Tensor.expand_as, accepts="packed; packed or dense other")
+def expand_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
+    """``expand(other.shape)``; a NestedTensor ``other`` must share the ragged structure."""
+    if isinstance(other, NestedTensor):
+        _check_ragged_match("expand_as", nt, other)
+    return expand(torch.Tensor.expand, nt, tuple(other.shape))
+
+
+# ---------------------------------------------------------------------------- split / chunk / narrow
+
+
+def _batch_pieces(nt: NestedTensor, pieces: Sequence[Tensor]) -> tuple[NestedTensor, ...]:
+    out, start = [], 0
+    for piece in pieces:
+        n = piece.shape[0]
+        out.append(select_samples(nt, slice(start, start + n)))
+        start += n
+    return tuple(out)
+
+
+def _split_like(op: str, nt: NestedTensor, dim: int, run) -> tuple[NestedTensor, ...]:
+    """Shared body of split/chunk/tensor_split: ``run(t, d)`` splits a plain tensor."""
+    o = outer_dim(nt, dim, op)
+    if o == 0:
+        return _batch_pieces(nt, run(torch.arange(nt.batch_size), 0))
+    p = o - 1
+    if p in nt._ragged:
+        raise ragged_error(
+            op, nt, o,
+            "samples have different extents along it, so the pieces would not line up; "
+            f"{op} a static dim or the batch dim, or use narrow({o}, start, length) for one window",
+        )
+    vd = values_dim(nt, p)
+    return tuple(restructure(nt, v, static_changed(nt, p, v.shape[vd])) for v in run(values_of(nt), vd))
+
+
+@implements(torch.split, torch.Tensor.split, accepts="packed")
+def split(func, nt: NestedTensor, split_size_or_sections, dim: int = 0) -> tuple[NestedTensor, ...]:
+    """Split along a static dim (pieces share the structure) or the batch dim (sub-batches)."""
+    if not isinstance(split_size_or_sections, int) and outer_dim(nt, dim, "split") == 0:
+        total = sum(split_size_or_sections)
+        if total != nt.batch_size:
+            raise StructureError(f"split(): sections {tuple(split_size_or_sections)} sum to {total}, the batch has {nt.batch_size} samples")
+    return _split_like("split", nt, dim, lambda t, d: torch.split(t, split_size_or_sections, d))
+
+
+@implements(torch.chunk, torch.Tensor.chunk, accepts="packed")
+def chunk(func, nt: NestedTensor, chunks: int, dim: int = 0) -> tuple[NestedTensor, ...]:
+    """``chunk`` along a static dim or the batch dim (same piece sizes as torch)."""
+    return _split_like("chunk", nt, dim, lambda t, d: torch.chunk(t, chunks, d))
+
+
+@implements(torch.tensor_split, torch.Tensor.tensor_split, accepts="packed")
+def tensor_split(func, nt: NestedTensor, indices_or_sections=None, dim: int = 0, **kwargs) -> tuple[NestedTensor, ...]:
+    """``tensor_split`` along a static dim or the batch dim (``sections=``/``indices=`` accepted)."""
+    arg = indices_or_sections
+    for k in ("sections", "indices", "tensor_indices_or_sections"):
+        arg = kwargs.pop(k, arg)
+    return _split_like("tensor_split", nt, dim, lambda t, d: torch.tensor_split(t, arg, d))
+
+
+# ------------------------------------------------------------------ indexing inside samples (lent to NestedTensor.__getitem__)
+
+
+def _covers_ragged(e: Any, extent: int) -> bool:
+    """True for a slice that keeps every sample whole along a ragged dim of envelope ``extent``."""
+    return (
+        isinstance(e, slice)
+        and e.start in (None, 0)
+        and e.step in (None, 1)
+        and (e.stop is None or (isinstance(e.stop, int) and e.stop >= extent))
+    )
+
+
+@lend("index_static")
+def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
+    """Basic indexing inside every sample: ints and slices on static dims, None inserts a
+    static dim of extent 1, ragged dims must be taken whole. One indexing of ``values``."""
+    dims = keep_all(nt)
+    new: list[Any] = []
+    vidx: list[Any] = [slice(None)]
+    p = 0
+    for e in entries:
+        if e is None:
+            new.append((STATIC, 1))
+            vidx.append(None)
+            continue
+        kind, n = dims[p]
+        if kind != STATIC:
+            if not _covers_ragged(e, nt._env[p]):
+                raise NotImplementedError(
+                    f"NestedTensor indexing: dim {p + 1} is ragged (samples have different extents along "
+                    f"it), so {e!r} would cut every sample at a different place: of the batch and ragged dims, "
+                    "only the batch dim can be indexed (ragged dims are taken whole). Take the same window from "
+                    f"every sample with x.narrow({p + 1}, start, length), or index samples one by one (x[i])."
+                )
+            new.append(dims[p])
+        elif isinstance(e, slice):
+            if e.step is not None and e.step <= 0:
+                raise StructureError(f"NestedTensor indexing: slice step must be positive, got {e.step} at dim {p + 1}")
+            new.append((STATIC, len(range(n)[e])))
+            vidx.append(e)
+        elif isinstance(e, int) and not isinstance(e, bool):
+            if not -n <= e < n:
+                raise IndexError(f"NestedTensor indexing: index {e} is out of range for static dim {p + 1} of size {n}")
+            vidx.append(e)
+        else:
+            raise NotImplementedError(
+                f"NestedTensor indexing: only ints, slices, None and ... can index the dims inside samples "
+                f"(got {type(e).__name__} at dim {p + 1}); use torch.gather or index x.values() for advanced indexing"
+            )
+        p += 1
+    return restructure(nt, values_of(nt)[tuple(vidx)], new)

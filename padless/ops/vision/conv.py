@@ -1,0 +1,296 @@
+"""Convolutions of images ``(C, H_i, W_i)`` and sequences ``(C, L_i)`` at their own sizes.
+
+``F.conv2d`` / ``nn.Conv2d`` (any kernel, stride, padding ints / ``"same"`` / ``"valid"``,
+dilation, groups, bias), ``F.conv_transpose2d``, ``F.conv1d`` and ``F.conv_transpose1d``.
+Every image keeps its own coordinate system: windows, zero padding and output sizes are
+exactly those of the dense op on that image alone, and no window reaches another image.
+The dense work runs once per layer on the blocks of a cached
+:class:`~padless.ops.vision.spatial.SpatialPlan` (one shared canvas by default).
+``nn.Conv2d(padding_mode="reflect" | "replicate" | "circular")`` pads through ``F.pad``
+first, as torch does, then convolves with padding 0.
+
+Kernel == stride without padding (patch embeddings) and 1x1 convolutions skip the plan:
+the pixels are cut into patches (one row permutation) and multiplied by the flattened
+weight. An image too small for a layer raises torch's own error for it, naming it::
+
+    conv2d(): image 2 of shape (3, 2, 2) is too small for this layer: Calculated padded
+    input size per channel: (2 x 2). Kernel size: (3 x 3). Kernel size can't be greater ...
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from padless.ops.vision.spatial import (
+    RECT_LIMIT,
+    BlocksToRows,
+    RowsToBlocks,
+    Geometry,
+    SpatialPlan,
+    _cache_for,
+    image_hw,
+    images_like,
+    spatial_plan,
+    to_pair,
+    conv_padding as _padding,
+    too_small_error,
+)
+from padless.tensor.autograd import values_of
+from padless.ops.vision import traced as vision_traced
+from padless.tensor.core import NestedTensor, _is_traced
+from padless.tensor.errors import StructureError
+from padless.tensor.registry import implements
+
+__all__ = ["conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d"]
+
+
+def _dense_params(op: str, x: Any, weight: Any, bias: Any) -> None:
+    if not isinstance(x, NestedTensor):
+        raise TypeError(f"{op}(): only the input may be a NestedTensor; weight and bias must be dense tensors")
+    if isinstance(weight, NestedTensor) or isinstance(bias, NestedTensor):
+        raise TypeError(f"{op}(): weight and bias must be dense tensors, got a NestedTensor")
+
+
+def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor], Any]) -> None:
+    """Torch's errors, from the dense op on meta tensors: a too-small image (named), else the
+    arguments themselves (weight shape, groups, output_padding) on the first image's shape."""
+    err = too_small_error(op, plan, channels, dense)
+    if err is not None:
+        raise err
+    if plan.in_hw.shape[0] == 0:
+        return
+    hh, ww = (int(v) for v in plan.in_hw[0])
+    shape = (1, channels, ww) if plan.cache is not None and plan.cache.ragged == (1,) else (1, channels, hh, ww)
+    try:
+        dense(torch.empty(shape, device="meta"))
+    except Exception as e:
+        raise type(e)(f"{op}(): {e}") from None
+
+
+class _PlanConv(torch.autograd.Function):
+    """rows -> canvas -> native (transposed) convolution -> rows, saving only the packed input.
+
+    Autograd of the three steps would save the canvas (a second copy of the input,
+    ~1.2x its size) and turn the output gather's gradient into a scatter-add; here the
+    backward rebuilds the canvas from the saved rows (one ``index_copy``), puts the output
+    gradient on the canvas (one ``index_copy``: output positions are unique) and reads
+    the input gradient back with one ``index_select``. First-order only."""
+
+    @staticmethod
+    def forward(ctx, v, weight, bias, plan, stride, dilation, groups, transposed):  # type: ignore[override]
+        blocks = plan.to_blocks(v)
+        y = torch.ops.aten.convolution(blocks, weight, bias, stride, [0, 0], dilation, transposed, [0, 0], groups)
+        ctx.save_for_backward(v, weight)
+        ctx.args = (plan, stride, dilation, groups, transposed, None if bias is None else [bias.shape[0]])
+        return plan.from_blocks(y)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g):  # type: ignore[override]
+        v, weight = ctx.saved_tensors
+        plan, stride, dilation, groups, transposed, bias_sizes = ctx.args
+        need = list(ctx.needs_input_grad[:3])
+        need[2] = need[2] and bias_sizes is not None
+        gi, gw, gb = torch.ops.aten.convolution_backward(
+            plan.blocks_of_rows(g.contiguous()), plan.to_blocks(v), weight, bias_sizes, stride, [0, 0], dilation,
+            transposed, [0, 0], groups, need,
+        )
+        gv = plan.rows_of_blocks(gi, v.shape[0]) if need[0] else None
+        return gv, gw, gb, None, None, None, None, None
+
+
+def _plan_conv(plan: SpatialPlan, x: NestedTensor, weight: Tensor, bias: Tensor | None, stride, dilation, groups: int, transposed: bool, out_channels: int) -> NestedTensor:
+    v = values_of(x)
+    if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
+        return images_like(v.new_zeros((0, out_channels)), out_channels, plan.cache, x)  # type: ignore[arg-type]
+    out = _PlanConv.apply(v, weight, bias, plan, list(stride), list(dilation), groups, transposed)
+    return images_like(out, out_channels, plan.cache, x)  # type: ignore[arg-type]
+
+
+def _on_blocks(plan: SpatialPlan, x: NestedTensor, out_channels: int, native: Callable[[Tensor], Tensor], fill: float = 0.0) -> NestedTensor:
+    """Run ``native`` once on the plan's blocks and pack the valid outputs as images."""
+    v = values_of(x)
+    if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
+        out = v.new_zeros((0, out_channels))
+    else:
+        out = BlocksToRows.apply(native(RowsToBlocks.apply(v, plan, fill)), plan)
+    return images_like(out, out_channels, plan.cache, x)  # type: ignore[arg-type]
+
+
+class _Subsample(torch.autograd.Function):
+    """Every ``s``-th pixel of every image (rows ``(T, C)`` -> ``(T_out, C)``), one strided copy
+    per image; the backward writes the gradient back into a zero buffer the same way."""
+
+    @staticmethod
+    def forward(ctx, v: Tensor, hw: list, offs: list, out_offs: list, s: tuple[int, int]) -> Tensor:  # type: ignore[override]
+        ctx.args = (v.shape[0], hw, offs, out_offs, s)
+        out = v.new_empty((out_offs[-1], v.shape[1]))
+        for (h, w), o, q in zip(hw, offs, out_offs):
+            oh, ow = -(-h // s[0]), -(-w // s[1])
+            out[q : q + oh * ow].view(oh, ow, -1).copy_(v[o : o + h * w].view(h, w, -1)[:: s[0], :: s[1]])
+        return out
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        rows, hw, offs, out_offs, s = ctx.args
+        gv = g.new_zeros((rows, g.shape[1]))
+        for (h, w), o, q in zip(hw, offs, out_offs):
+            oh, ow = -(-h // s[0]), -(-w // s[1])
+            gv[o : o + h * w].view(h, w, -1)[:: s[0], :: s[1]].copy_(g[q : q + oh * ow].view(oh, ow, -1))
+        return gv, None, None, None, None
+
+
+def _strided_1x1(x: NestedTensor, weight: Tensor, bias: Tensor | None, st: tuple[int, int]) -> NestedTensor:
+    """1x1 convolution with stride and no padding: keep every ``s``-th pixel, then a matmul."""
+    hw, off = image_hw("conv2d", x)
+    ohw = torch.stack([(hw[:, 0] + st[0] - 1) // st[0], (hw[:, 1] + st[1] - 1) // st[1]], 1)
+    ooff = torch.cat([off.new_zeros(1), ohw.prod(1).cumsum(0)])
+    v = _Subsample.apply(values_of(x), hw.tolist(), off.tolist(), ooff.tolist(), st)
+    out = F.linear(v, weight.flatten(1), bias)
+    return images_like(out, weight.shape[0], _cache_for(ohw, ooff, x._ragged), x)
+
+
+def _patch_conv(x: NestedTensor, weight: Tensor, bias: Tensor | None, kh: int, kw: int) -> NestedTensor:
+    """kernel == stride, no padding, dilation 1, one group: patches times the flat weight."""
+    from padless.ops.vision.patchify import _tokens
+
+    o = weight.shape[0]
+    if (kh, kw) == (1, 1):
+        out = F.linear(values_of(x), weight.flatten(1), bias)
+        return images_like(out, o, _cache_for(*image_hw("conv2d", x), x._ragged), x)
+    tok, grid, tok_off = _tokens("conv2d", x, kh, kw, False)
+    out = F.linear(tok, weight.flatten(1), bias)
+    return images_like(out, o, _cache_for(grid, tok_off, (1, 2)), x)
+
+
+@implements(F.conv2d, accepts="packed images (C, H_i, W_i), dense weight, dense bias")
+def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1) -> NestedTensor:
+    """``F.conv2d`` / ``nn.Conv2d`` on every image alone: output ``(O, oh_i, ow_i)``.
+
+    >>> x = padless.from_list([torch.randn(3, 32, 48), torch.randn(3, 17, 9)])
+    >>> torch.nn.Conv2d(3, 8, 7, stride=2, padding=3)(x).sizes().tolist()
+    [[8, 16, 24], [8, 9, 5]]
+    """
+    _dense_params("conv2d", input, weight, bias)
+    x = input
+    if x.sample_dim != 3:
+        raise StructureError(f"conv2d(): expected images (C, H_i, W_i), got samples of rank {x.sample_dim}; use conv1d for (C, L_i)")
+    if weight.dim() != 4:
+        raise ValueError(f"conv2d(): weight must be (out_channels, in_channels / groups, kh, kw), got shape {tuple(weight.shape)}")
+    k = (int(weight.shape[2]), int(weight.shape[3]))
+    st = to_pair("conv2d", "stride", stride)
+    dil = to_pair("conv2d", "dilation", dilation)
+    pad = _padding("conv2d", padding, k, st, dil)
+    if x._ragged != (1, 2):
+        image_hw("conv2d", x)  # raises: names the layout it expects
+    c = x._values.shape[1]
+    if isinstance(groups, int) and groups > 0 and weight.shape[1] * groups != c:
+        raise ValueError(
+            f"conv2d(): weight expects {weight.shape[1] * groups} input channels (weight.shape[1] * groups), "
+            f"the images have {c}"
+        )
+    g = Geometry(k, st, pad, dil)
+    if _is_traced(x._values):  # torch.compile: symbolic row counts, the eager op as one opaque call
+        return vision_traced.traced_conv2d(x, weight, bias, stride, padding, dilation, groups, g)
+    plan_free = st == k and pad == (0, 0, 0, 0) and dil == (1, 1) and groups == 1
+    if plan_free and x._ragged == (1, 2) and x._values.shape[1] == weight.shape[1]:
+        hw, _ = image_hw("conv2d", x)
+        small = ((hw[:, 0] < k[0]) | (hw[:, 1] < k[1])) & (hw.prod(1) > 0)  # empty images: empty output
+        if bool(small.any()):
+            plan = spatial_plan("conv2d", x, g)  # only to name the image with torch's error
+            _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, 0, dil, groups))
+        return _patch_conv(x, weight, bias, *k)
+    if k == (1, 1) and pad == (0, 0, 0, 0) and groups == 1 and x.batch_size <= RECT_LIMIT and bool((image_hw("conv2d", x)[0] > 0).all()):
+        return _strided_1x1(x, weight, bias, st)  # a strided projection: no window overlaps, no canvas
+    plan = spatial_plan("conv2d", x, g)
+    _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, pad[::2], dil, groups))
+    return _plan_conv(plan, x, weight, bias, st, dil, groups, False, weight.shape[0])
+
+
+@implements(F.conv_transpose2d, accepts="packed images (C, H_i, W_i), dense weight, dense bias")
+def conv_transpose2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1) -> NestedTensor:
+    """``F.conv_transpose2d`` / ``nn.ConvTranspose2d`` on every image alone:
+    output ``((H_i-1)s - 2p + d(k-1) + output_padding + 1, ...)`` per image."""
+    _dense_params("conv_transpose2d", input, weight, bias)
+    if weight.dim() != 4:
+        raise ValueError(f"conv_transpose2d(): weight must be (in_channels, out_channels / groups, kh, kw), got shape {tuple(weight.shape)}")
+    k = (int(weight.shape[2]), int(weight.shape[3]))
+    st = to_pair("conv_transpose2d", "stride", stride)
+    dil = to_pair("conv_transpose2d", "dilation", dilation)
+    ph, pw = to_pair("conv_transpose2d", "padding", padding, minimum=0)
+    op = to_pair("conv_transpose2d", "output_padding", output_padding, minimum=0)
+    g = Geometry(k, st, (ph, ph, pw, pw), dil, transposed=True, output_padding=op)
+    _check_output_padding("conv_transpose2d", g)
+    plan = spatial_plan("conv_transpose2d", input, g)
+    _validate("conv_transpose2d", plan, input._values.shape[1],
+              lambda t: F.conv_transpose2d(t, weight.to("meta"), None, st, (ph, pw), op, groups, dil))
+    o = weight.shape[1] * groups
+    return _plan_conv(plan, input, weight, bias, st, dil, groups, True, o)
+
+
+def _check_output_padding(op: str, g: Geometry) -> None:
+    """Torch's rule (checked by the CPU kernel, not by the shape check on meta tensors)."""
+    for ax, name in enumerate(("height", "width")):
+        o, s, d = g.output_padding[ax], g.stride[ax], g.dilation[ax]
+        if o >= s and o >= d:
+            raise RuntimeError(
+                f"{op}(): output padding must be smaller than either stride or dilation, but got output_padding "
+                f"{g.output_padding}, stride {g.stride}, dilation {g.dilation} ({name})"
+            )
+
+
+def _seq_geometry(op: str, weight: Tensor, stride, padding, dilation, transposed: bool = False, output_padding=0) -> tuple[Geometry, int, int, int]:
+    if weight.dim() != 3:
+        raise ValueError(f"{op}(): weight must be 3-D (channels, channels / groups, k), got shape {tuple(weight.shape)}")
+    one = lambda v, name, m=1: v[0] if isinstance(v, (tuple, list)) and len(v) == 1 else v  # noqa: E731
+    s = to_pair(op, "stride", one(stride, "stride"))[1]
+    d = to_pair(op, "dilation", one(dilation, "dilation"))[1]
+    k = int(weight.shape[2])
+    if transposed:
+        p = to_pair(op, "padding", one(padding, "padding"), minimum=0)[1]
+        opad = to_pair(op, "output_padding", one(output_padding, "output_padding"), minimum=0)[1]
+        return Geometry((1, k), (1, s), (0, 0, p, p), (1, d), transposed=True, output_padding=(0, opad)), s, p, d
+    pads = _padding(op, padding if isinstance(padding, str) else (0, one(padding, "padding")), (1, k), (1, s), (1, d))
+    return Geometry((1, k), (1, s), pads, (1, d)), s, pads[2], d
+
+
+def _check_seq(op: str, x: Any) -> None:
+    if isinstance(x, NestedTensor) and (x.sample_dim != 2 or x._ragged != (1,)):
+        raise ValueError(
+            f"{op}(): expected sequences (C, L_i) with a static C and ragged length (dim 2 of the NestedTensor), "
+            f"got samples of rank {x.sample_dim} with ragged sample dims {x.ragged_dims}. For (L_i, C) rows, "
+            "transpose first: x.transpose(1, 2)"
+        )
+
+
+@implements(F.conv1d, accepts="packed sequences (C, L_i), dense weight, dense bias")
+def conv1d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1) -> NestedTensor:
+    """``F.conv1d`` / ``nn.Conv1d`` on every sequence ``(C, L_i)`` alone (audio, text CNNs)."""
+    _dense_params("conv1d", input, weight, bias)
+    _check_seq("conv1d", input)
+    g, s, p, d = _seq_geometry("conv1d", weight, stride, padding, dilation)
+    plan = spatial_plan("conv1d", input, g)
+    pad_arg = padding if isinstance(padding, str) else p
+    _validate("conv1d", plan, input._values.shape[1], lambda t: F.conv1d(t, weight.to("meta"), None, s, pad_arg, d, groups))
+    w4 = weight.unsqueeze(2)
+    return _plan_conv(plan, input, w4, bias, (1, s), (1, d), groups, False, weight.shape[0])
+
+
+@implements(F.conv_transpose1d, accepts="packed sequences (C, L_i), dense weight, dense bias")
+def conv_transpose1d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, output_padding=0, groups: int = 1, dilation=1) -> NestedTensor:
+    """``F.conv_transpose1d`` / ``nn.ConvTranspose1d`` on every sequence ``(C, L_i)`` alone."""
+    _dense_params("conv_transpose1d", input, weight, bias)
+    _check_seq("conv_transpose1d", input)
+    g, s, p, d = _seq_geometry("conv_transpose1d", weight, stride, padding, dilation, True, output_padding)
+    _check_output_padding("conv_transpose1d", g)
+    plan = spatial_plan("conv_transpose1d", input, g)
+    opad = g.output_padding[1]
+    _validate("conv_transpose1d", plan, input._values.shape[1],
+              lambda t: F.conv_transpose1d(t, weight.to("meta"), None, s, p, opad, groups, d))
+    w4 = weight.unsqueeze(2)
+    o = weight.shape[1] * groups
+    return _plan_conv(plan, input, w4, bias, (1, s), (1, d), groups, True, o)

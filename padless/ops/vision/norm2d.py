@@ -1,0 +1,174 @@
+"""Batch and instance normalisation of channels-first samples ``(C, *spatial)``.
+
+Samples ``(C, H_i, W_i)`` (or ``(C, L_i)``, ``(C, H_i, W)`` ...) are stored as rows of
+``values`` ``(T, C, *static rest)``: the channel is dim 1 of ``values``, and the rows are
+exactly the real pixels of all images. So:
+
+* ``F.batch_norm`` / ``nn.BatchNorm2d`` in training normalises with the mean and biased
+  variance of each channel over the real pixels of every image (never a padded one), and
+  updates the running statistics once per batch with the unbiased variance over those
+  ``N = sum_i H_i W_i`` pixels, as torch does for a dense batch: it *is* torch's batch
+  norm on ``values``. In eval mode it is the per-channel affine map of the running
+  statistics. Layout, two images ``(C=2, 1, 2)`` and ``(2, 1, 1)``::
+
+      rows   [p0 p1] [q0 q1] [r0 r1]     values (3, 2): channel c = column c
+      mean_c over the 3 rows, for every image alike
+
+* ``F.instance_norm`` / ``nn.InstanceNorm2d`` normalises each image's channels over its
+  own pixels (``F.group_norm`` with one group per channel); running statistics, when
+  tracked, are updated like torch: the batch average of per-image means and unbiased
+  variances.
+
+The per-sample fallback must never run batch norm (each sample would get its own
+statistics); :mod:`padless.tensor.fallback` refuses it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from padless.ops.common.structure import call
+from padless.tensor.autograd import rewrap, values_of
+from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
+from padless.tensor.registry import implements
+
+__all__ = ["batch_norm", "instance_norm", "torch_batch_norm"]
+
+
+def _channels_first(op: str, x: Any, *dense: Any) -> NestedTensor:
+    if not isinstance(x, NestedTensor) or any(isinstance(t, NestedTensor) for t in dense):
+        raise TypeError(f"{op}(): only the input may be a NestedTensor; running stats, weight and bias must be dense")
+    if x.sample_dim < 2 or 0 in x._ragged:
+        raise StructureError(
+            f"{op}(): expected channels-first samples (C, *spatial) with a static channel dim 1 and at least one "
+            f"spatial dim, got samples of rank {x.sample_dim} with ragged sample dims {x.ragged_dims}. For (L_i, C) "
+            "rows, transpose first: x.transpose(1, 2)"
+        )
+    return x
+
+
+@implements(F.batch_norm, accepts="packed (C, *spatial), dense running stats, weight, bias")
+def batch_norm(
+    func,
+    input: NestedTensor,
+    running_mean: Tensor | None,
+    running_var: Tensor | None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    training: bool = False,
+    momentum: float | None = 0.1,
+    eps: float = 1e-5,
+) -> NestedTensor:
+    """``F.batch_norm`` / ``nn.BatchNorm1d/2d/3d`` with statistics over the real positions of
+    every sample (training), or the running statistics (eval).
+
+    >>> x = padless.from_list([torch.randn(4, 5, 6), torch.randn(4, 3, 2)])   # (C, H_i, W_i)
+    >>> bn = torch.nn.BatchNorm2d(4)
+    >>> y = bn(x)      # mean/var over the 36 real pixels; running stats updated once
+    """
+    x = _channels_first("batch_norm", input, running_mean, running_var, weight, bias)
+    v = values_of(x)
+    if training and v.dim() == 2 and v.shape[0] > 1 and momentum is not None and v.dtype in (torch.float32, torch.float64):
+        return rewrap(_RowBatchNorm.apply(v, weight, bias, running_mean, running_var, momentum, eps), x)
+    try:
+        out = F.batch_norm(v, running_mean, running_var, weight, bias, training, momentum, eps)
+    except (ValueError, RuntimeError) as e:
+        raise type(e)(f"batch_norm(): over the {v.shape[0]} real positions of the batch: {e}") from None
+    return rewrap(out, x)
+
+
+class _RowBatchNorm(torch.autograd.Function):
+    """Training batch norm of rows ``(N, C)``: per-channel statistics over the rows.
+
+    The same math as ``F.batch_norm`` on a ``(N, C)`` input; written out because torch's CPU
+    kernel for that shape walks the rows channel by channel (several times slower than on
+    a dense NCHW batch), while column sums over contiguous rows are fast. Saves the input
+    and the per-channel statistics, like torch."""
+
+    @staticmethod
+    def forward(ctx, v, weight, bias, running_mean, running_var, momentum, eps):  # type: ignore[override]
+        n = v.shape[0]
+        mean = v.sum(0) / n  # column sums of contiguous rows: one fast pass
+        d = v - mean
+        var = (d * d).sum(0) / n  # two-pass (centred) variance: no cancellation
+        invstd = torch.rsqrt(var + eps)
+        scale = invstd if weight is None else invstd * weight
+        out = d.mul_(scale) if bias is None else d.mul_(scale).add_(bias)
+        with torch.no_grad():
+            if running_mean is not None:
+                running_mean.mul_(1 - momentum).add_(mean.to(running_mean.dtype), alpha=momentum)
+            if running_var is not None:
+                running_var.mul_(1 - momentum).add_((var * (n / (n - 1))).to(running_var.dtype), alpha=momentum)
+        ctx.save_for_backward(v, mean, invstd, weight)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        v, mean, invstd, weight = ctx.saved_tensors
+        n = v.shape[0]
+        gb = g.sum(0)
+        gxhat = ((g * v).sum(0) - mean * gb) * invstd  # sum over rows of g * xhat
+        scale = invstd if weight is None else invstd * weight
+        # d/dv of (scale * xhat + b) = scale * (g - gb/n - xhat * gxhat/n), xhat = (v - mean) * invstd
+        a = -scale * invstd * gxhat / n
+        gv = torch.addcmul(-scale * gb / n - a * mean, g, scale).addcmul_(v, a)
+        gw = gxhat if weight is not None and ctx.needs_input_grad[1] else None
+        gbias = gb if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return gv, gw, gbias, None, None, None, None
+
+
+@implements(torch.batch_norm, accepts="packed (C, *spatial), dense weight, bias, running stats")
+def torch_batch_norm(func, input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True) -> NestedTensor:
+    """``torch.batch_norm`` (the functional form below ``F.batch_norm``): same as :func:`batch_norm`."""
+    return batch_norm(F.batch_norm, input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
+@implements(F.instance_norm, accepts="packed (C, *spatial), dense running stats, weight, bias")
+def instance_norm(
+    func,
+    input: NestedTensor,
+    running_mean: Tensor | None = None,
+    running_var: Tensor | None = None,
+    weight: Tensor | None = None,
+    bias: Tensor | None = None,
+    use_input_stats: bool = True,
+    momentum: float = 0.1,
+    eps: float = 1e-5,
+) -> NestedTensor:
+    """``F.instance_norm`` / ``nn.InstanceNorm1d/2d``: every sample's channels over its own positions."""
+    x = _channels_first("instance_norm", input, running_mean, running_var, weight, bias)
+    v = values_of(x)
+    if not use_input_stats:
+        if running_mean is None or running_var is None:
+            raise ValueError("instance_norm(): use_input_stats=False needs running_mean and running_var")
+        return rewrap(F.batch_norm(v, running_mean, running_var, weight, bias, False, 0.0, eps), x)
+    c = v.shape[1]
+    out = call(F.group_norm, x, c, weight, bias, eps)  # the rows family's segmented group_norm
+    if running_mean is not None or running_var is not None:
+        _update_instance_stats(x, v.detach(), running_mean, running_var, momentum)
+    return out
+
+
+def _update_instance_stats(x: NestedTensor, v: Tensor, running_mean: Tensor | None, running_var: Tensor | None, momentum: float) -> None:
+    """Torch's running-stat update of instance norm: the batch average of each sample's
+    per-channel mean and unbiased variance (over its own positions)."""
+    b, t, c = x.batch_size, v.shape[0], v.shape[1]
+    per_row = math.prod(v.shape[2:])
+    acc = v.double().reshape(t, c, per_row)
+    sid = x.row_sample_ids()
+    n = ((x._offsets[1:] - x._offsets[:-1]) * per_row).to(acc.dtype).unsqueeze(1)  # (B, 1)
+    mean = acc.new_zeros(b, c).index_add(0, sid, acc.sum(2)) / n
+    sq = (acc - mean.index_select(0, sid).unsqueeze(2)).square().sum(2)
+    var = acc.new_zeros(b, c).index_add(0, sid, sq) / (n - 1)
+    with torch.no_grad():
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_(momentum * mean.mean(0).to(running_mean.dtype))
+        if running_var is not None:
+            running_var.mul_(1 - momentum).add_(momentum * var.mean(0).to(running_var.dtype))

@@ -1,0 +1,185 @@
+"""Pooling of images ``(C, H_i, W_i)`` at their own sizes.
+
+``F.max_pool2d`` (padding, dilation, ceil_mode) and ``F.avg_pool2d`` (count_include_pad,
+ceil_mode, divisor_override) run the native pool once on the blocks of the layer's
+:class:`~padless.ops.vision.spatial.SpatialPlan`, with windows, padding and output sizes of
+each image alone (max pooling fills the gaps with ``-inf``; average pooling sums on
+the canvas and divides each window by the count torch uses for that image).
+
+``F.adaptive_avg_pool2d`` / ``F.adaptive_max_pool2d`` with one output size for every
+image reduce over each image's own windows and return a dense ``(B, C, oh, ow)``
+tensor, as reductions that consume every ragged dim do::
+
+    images (3, 5, 7), (3, 2, 2)  --adaptive_avg_pool2d(., 1)-->  dense (2, 3, 1, 1)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from padless.ops.vision.conv import _on_blocks, _validate
+from padless.ops.vision.spatial import RECT_LIMIT, Geometry, _cache_of, spatial_plan, to_pair, to_padding
+from padless.tensor.autograd import rewrap, values_of
+from padless.ops.vision import traced as vision_traced
+from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
+from padless.tensor.errors import StructureError
+from padless.tensor.registry import implements
+
+__all__ = ["adaptive_avg_pool2d", "adaptive_max_pool2d", "avg_pool2d", "max_pool2d", "max_pool2d_with_indices"]
+
+
+def _images(op: str, x: Any) -> NestedTensor:
+    if not isinstance(x, NestedTensor) or x.sample_dim != 3:
+        got = f"samples of rank {x.sample_dim}" if isinstance(x, NestedTensor) else type(x).__name__
+        raise StructureError(f"{op}(): expected a NestedTensor of images (C, H_i, W_i), got {got}")
+    return x
+
+
+def _geometry(op: str, kernel_size, stride, padding, dilation, ceil_mode: bool) -> Geometry:
+    k = to_pair(op, "kernel_size", kernel_size)
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else to_pair(op, "stride", stride)
+    return Geometry(k, s, to_padding(op, padding), to_pair(op, "dilation", dilation), bool(ceil_mode))
+
+
+@implements(F.max_pool2d_with_indices, F.adaptive_max_pool2d_with_indices, accepts="refused: indices")
+def max_pool2d_with_indices(func, input: NestedTensor, *args, **kwargs):
+    """Refused: the indices of a max pool are positions inside each image's own ``H_i*W_i``;
+    they have no packed form yet."""
+    name = "adaptive_max_pool2d" if func is F.adaptive_max_pool2d_with_indices else "max_pool2d"
+    raise NotImplementedError(
+        f"{name}(): return_indices=True is not supported on a NestedTensor (indices into each image's own "
+        f"H_i*W_i have no packed form yet); pool with return_indices=False, or per image on x.unbind()"
+    )
+
+
+@implements(F.max_pool2d, accepts="packed images (C, H_i, W_i)")
+def max_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, dilation=1, ceil_mode: bool = False, return_indices: bool = False) -> NestedTensor:
+    """``F.max_pool2d`` / ``nn.MaxPool2d`` on every image alone (``return_indices`` is refused)."""
+    x = _images("max_pool2d", input)
+    if return_indices:
+        raise NotImplementedError(
+            "max_pool2d(): return_indices=True is not supported on a NestedTensor (indices into each image's "
+            "own H_i*W_i have no packed form yet); pool with return_indices=False, or per image on x.unbind()"
+        )
+    g = _geometry("max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
+    if _is_traced(x._values):  # torch.compile: see padless.ops.vision.compiled
+        return vision_traced.traced_pool("max_pool2d", x, g, (kernel_size, stride, padding, dilation, ceil_mode))
+    plan = spatial_plan("max_pool2d", x, g)
+    c = x._values.shape[1]
+    pad = (g.padding[0], g.padding[2])
+    _validate("max_pool2d", plan, c, lambda t: F.max_pool2d(t, g.kernel, g.stride, pad, g.dilation, g.ceil_mode))
+    return _on_blocks(plan, x, c, lambda blk: F.max_pool2d(blk, g.kernel, g.stride, 0, g.dilation), fill=float("-inf"))
+
+
+@implements(F.avg_pool2d, accepts="packed images (C, H_i, W_i)")
+def avg_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, ceil_mode: bool = False, count_include_pad: bool = True, divisor_override: int | None = None) -> NestedTensor:
+    """``F.avg_pool2d`` / ``nn.AvgPool2d`` on every image alone: each window's sum divided by the
+    count torch uses for that window of that image (padding counted or not, ceil-mode edges)."""
+    x = _images("avg_pool2d", input)
+    g = _geometry("avg_pool2d", kernel_size, stride, padding, 1, ceil_mode)
+    if _is_traced(x._values):  # torch.compile: see padless.ops.vision.compiled
+        spec = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        return vision_traced.traced_pool("avg_pool2d", x, g, spec)
+    plan = spatial_plan("avg_pool2d", x, g)
+    c = x._values.shape[1]
+    pad = (g.padding[0], g.padding[2])
+    _validate("avg_pool2d", plan, c,
+              lambda t: F.avg_pool2d(t, g.kernel, g.stride, pad, g.ceil_mode, count_include_pad, divisor_override))
+    sums = _on_blocks(plan, x, c, lambda blk: F.avg_pool2d(blk, g.kernel, g.stride, 0, False, True, 1))
+    v = values_of(sums)
+    if divisor_override:
+        out = v / divisor_override
+    else:
+        out = v / plan.avg_divisor(bool(count_include_pad), v.dtype, v.device)
+    return rewrap(out, sums)
+
+
+def _adaptive_index(op: str, x: NestedTensor, oh: int, ow: int) -> tuple[Tensor | None, Tensor, Tensor]:
+    """Per (pixel, window) pair: the pixel row (None: every row once, in order), the cell
+    ``i*oh*ow + a*ow + b`` it pools into, and the pixel count of every cell. Cached."""
+    cache = _cache_of(op, x)
+    dev = x._values.device
+    key = ("adaptive", oh, ow, dev)
+    hit = cache.plans.get(key)
+    if hit is not None:
+        return hit  # type: ignore[return-value]
+    hw, off = cache.hw, cache.host_offsets
+    rows, cells, counts = [], [], []
+    for i, (h, w) in enumerate(hw.tolist()):
+        def member(n: int, o: int) -> Tensor:
+            j = torch.arange(o)
+            start = torch.div(j * n, o, rounding_mode="floor")
+            end = torch.div((j + 1) * n + o - 1, o, rounding_mode="floor")
+            pos = torch.arange(n)
+            return (pos >= start[:, None]) & (pos < end[:, None])  # (o, n)
+
+        mh, mw = member(h, oh), member(w, ow)
+        m = mh[:, None, :, None] & mw[None, :, None, :]  # (oh, ow, h, w)
+        a, b, r, c = m.nonzero().unbind(1)
+        rows.append(int(off[i]) + r * w + c)
+        cells.append(i * oh * ow + a * ow + b)
+        counts.append((mh.sum(1)[:, None] * mw.sum(1)[None, :]).flatten())
+    row = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
+    cell = torch.cat(cells) if cells else torch.zeros(0, dtype=torch.int64)
+    count = torch.cat(counts) if counts else torch.zeros(0, dtype=torch.int64)
+    identity = (oh, ow) == (1, 1)
+    out = (None if identity else row.to(dev), cell.to(dev), count.to(dev))
+    cache.plans[key] = out  # type: ignore[assignment]
+    return out
+
+
+def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
+    x = _images(op, x)
+    osz = output_size if isinstance(output_size, (tuple, list)) else (output_size, output_size)
+    if len(osz) != 2 or any(o is None for o in osz) or any(not isinstance(o, int) or o < 1 for o in osz):
+        raise ValueError(
+            f"{op}(): output_size must be one positive int or a pair of them for every image, got {output_size!r} "
+            "(None would keep each image's own size; that output is ragged and not supported)"
+        )
+    oh, ow = osz
+    if _is_traced(x._values):  # torch.compile: B * oh * ow rows, the eager op as one opaque call
+        return vision_traced.traced_adaptive(op, x, oh, ow)
+    cache = _cache_of(op, x)
+    c = x._values.shape[1]
+    for i in (cache.hw.prod(1) == 0).nonzero().flatten().tolist():
+        shape = (1, c, *cache.hw[i].tolist())
+        dense = F.adaptive_avg_pool2d if reduce == "mean" else F.adaptive_max_pool2d
+        try:
+            dense(torch.zeros(shape), osz)
+        except Exception as e:
+            raise type(e)(f"{op}(): image {i} of shape {_fmt_shape(list(shape[1:]))}: {e}") from None
+        if reduce == "amax":
+            raise StructureError(f"{op}(): image {i} of shape {_fmt_shape(list(shape[1:]))} is empty; it has no maximum")
+    row, cell, count = _adaptive_index(op, x, oh, ow)
+    v = values_of(x)
+    src = v if row is None else v.index_select(0, row)
+    b = x.batch_size
+    if reduce == "mean" and row is None and b <= RECT_LIMIT:  # global pooling of a few images: one sum each
+        off = cache.host_offsets.tolist()
+        sums = torch.stack([v[off[i] : off[i + 1]].sum(0) for i in range(b)]) if b else v.new_zeros((0, c))
+        out = sums / count.to(v.dtype).unsqueeze(1)
+    elif reduce == "mean":
+        out = v.new_zeros((b * oh * ow, c)).index_add(0, cell, src) / count.to(v.dtype).unsqueeze(1)
+    else:
+        out = v.new_zeros((b * oh * ow, c)).scatter_reduce(0, cell.unsqueeze(1).expand(-1, c), src, "amax", include_self=False)
+    return out.view(b, oh, ow, c).permute(0, 3, 1, 2)
+
+
+@implements(F.adaptive_avg_pool2d, accepts="packed images (C, H_i, W_i)")
+def adaptive_avg_pool2d(func, input: NestedTensor, output_size) -> Tensor:
+    """``F.adaptive_avg_pool2d`` / ``nn.AdaptiveAvgPool2d``: the same ``(oh, ow)`` for every image,
+    each image's own adaptive windows; returns a dense ``(B, C, oh, ow)`` tensor."""
+    return _adaptive("adaptive_avg_pool2d", input, output_size, "mean")
+
+
+@implements(F.adaptive_max_pool2d, accepts="packed images (C, H_i, W_i)")
+def adaptive_max_pool2d(func, input: NestedTensor, output_size, return_indices: bool = False) -> Tensor:
+    """``F.adaptive_max_pool2d`` / ``nn.AdaptiveMaxPool2d`` (dense ``(B, C, oh, ow)``). Ties inside a
+    window share the gradient (torch gives it to one of them); ``return_indices`` is refused."""
+    if return_indices:
+        raise NotImplementedError("adaptive_max_pool2d(): return_indices=True is not supported on a NestedTensor")
+    return _adaptive("adaptive_max_pool2d", input, output_size, "amax")
