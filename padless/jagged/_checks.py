@@ -24,13 +24,21 @@ works, as in TorchRec.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from padless.tensor.errors import StructureError
+
+
+INT64_MAX = (1 << 63) - 1
+Where = Callable[[int], str]  # names bag i in messages: "sample 3", "key 'a', sample 1"
+
+
+def sample_where(i: int) -> str:
+    return f"sample {i}"
 
 
 CHECKED = "<checked>"  # a KJT's ``_pending`` state: structure checked, host bag offsets not computed yet
@@ -103,15 +111,17 @@ def _np(t: Tensor) -> np.ndarray:
 
 
 def host_offsets(
-    what: str, lengths: Tensor | None, offsets: Tensor | None, total: int
+    what: str, lengths: Tensor | None, offsets: Tensor | None, total: int, where: Where = sample_where
 ) -> tuple[Tensor | None, str | None]:
     """Int64 CPU offsets ``(B+1,)`` from host lengths and/or offsets (None if neither is on
     the host), and the fault found, if any (never raised here: see the module note).
 
     Sound structure: lengths >= 0, offsets from 0 and never decreasing, both agreeing when
     both are given, at most the ``total`` rows of values used (more rows are allowed and
-    ignored, as in TorchRec). With a fault, the offsets are still what TorchRec derives
-    (the cumsum of the lengths when given, else the offsets as they are).
+    ignored, as in TorchRec). Lengths whose cumulative sum passes int64 (offsets that
+    would wrap around) are a fault, naming the bag (``where``). With a fault, the offsets
+    are still what TorchRec derives (the cumsum of the lengths when given, else the
+    offsets as they are).
     """
     host: np.ndarray | None = None
     fault: str | None = None
@@ -119,19 +129,21 @@ def host_offsets(
         ln = _np(lengths) if lengths.numel() else np.zeros(0, np.int64)
         if ln.size and ln.min() < 0:
             fault = _negative(what, ln)
+        else:
+            fault = _wraps(what, ln, where)
         host = _cumsum(ln)
     if offsets is not None and is_host(offsets):
         of = _np(offsets).astype(np.int64, copy=False) if offsets.numel() else np.zeros(1, np.int64)
-        d = np.diff(of)
+        dec = of[1:] < of[:-1]  # compared, not subtracted: a difference of int64 offsets can wrap
         if fault is not None:
             pass
         elif of[0] != 0:
             fault = f"{what}: offsets must start at 0, got offsets[0] = {int(of[0])}"
-        elif d.size and d.min() < 0:
-            i = int(np.flatnonzero(d < 0)[0])
+        elif dec.any():
+            i = int(np.flatnonzero(dec)[0])
             fault = (
                 f"{what}: offsets must not decrease, but offsets[{i}] = {int(of[i])} > "
-                f"offsets[{i + 1}] = {int(of[i + 1])}"
+                f"offsets[{i + 1}] = {int(of[i + 1])} ({where(i)})"
             )
         elif host is not None and not np.array_equal(of, host):
             fault = f"{what}: lengths and offsets disagree: offsets {of.tolist()}, cumsum of lengths {host.tolist()}"
@@ -144,11 +156,15 @@ def host_offsets(
     return torch.from_numpy(host if host.flags.c_contiguous and host.flags.writeable else host.copy()), fault
 
 
-def key_offsets(what: str, lengths: Tensor, keys: int, stride: int, total: int) -> tuple[list[int], str | None]:
+def key_offsets(
+    what: str, lengths: Tensor, keys: int, stride: int, total: int, where: Where = sample_where
+) -> tuple[list[int], str | None]:
     """``offset_per_key`` of a fixed-batch KJT from its host lengths ``(keys * stride,)`` and
-    the fault found (as ``host_offsets`` finds them): one min and one row sum, no cumsum."""
+    the fault found (as ``host_offsets`` finds them): one min, one max and one row sum, no cumsum."""
     ln = _np(lengths)
-    fault = _negative(what, ln) if ln.min() < 0 else None
+    fault = _negative(what, ln) if ln.min() < 0 else _wraps(what, ln, where)
+    if fault is not None and ln.min() >= 0:  # the row sums below would wrap: the lists stay as exact as Python makes them
+        return cumsum_list(int(x) for x in ln.reshape(keys, stride).sum(1, dtype=object).tolist()), fault
     opk = cumsum_list(ln.reshape(keys, stride).sum(1).tolist())
     if fault is None and opk[-1] > total:
         fault = _too_short(what, opk[-1], total)
@@ -165,6 +181,23 @@ def _cumsum(ln: np.ndarray) -> np.ndarray:
     host[1:] = ln
     np.cumsum(host, out=host)  # in place, int64 (a casting cumsum is much slower)
     return host
+
+
+def _wraps(what: str, ln: np.ndarray, where: Where) -> str | None:
+    """The fault of non-negative lengths whose cumulative sum passes int64 (offsets would wrap
+    around to negative values), or None. One ``max``; the exact sum runs only when the max
+    times the count could pass int64."""
+    if not ln.size or int(ln.max()) * ln.size <= INT64_MAX:
+        return None
+    run = 0
+    for i, x in enumerate(ln.tolist()):
+        run += int(x)
+        if run > INT64_MAX:
+            return (
+                f"{what}: the lengths' cumulative sum passes the int64 range at lengths[{i}] = {int(x)} "
+                f"({where(i)}): the offsets would wrap around; lengths must sum to at most {INT64_MAX}"
+            )
+    return None
 
 
 def _negative(what: str, ln: np.ndarray) -> str:

@@ -39,12 +39,19 @@ from padless.loaders.distributed import Consumer, current_consumer, rank_and_wor
 from padless.loaders.errors import SampleError, SkipAndWarn, raise_error, skip_silently
 from padless.loaders.hf import HFDatasetReader
 from padless.loaders.image_folder import ImageFolder
-from padless.loaders.images import DEFAULT_MAX_PIXELS, ImageTooLargeError, decode_image, target_size
+from padless.loaders.images import (
+    DEFAULT_MAX_PIXELS,
+    ImageTooLargeError,
+    NotARegularFileError,
+    UnsupportedImageFormatError,
+    decode_image,
+    target_size,
+)
 from padless.loaders.samplers import BatchSamplerBase, BucketBatchSampler, BudgetBatchSampler, RandomBatchSampler
 from padless.loaders.streaming import BucketedStream, Shuffle, StreamingBucketer, fixed_length, shuffle_buffer
-from padless.loaders.tarstream import TrailingDataError, TruncatedShardError
+from padless.loaders.tarstream import MemberTooLargeError, TrailingDataError, TruncatedShardError, UnsupportedMemberError
 from padless.loaders.transforms import Compose, FieldTransforms, Normalize, budget_size, budget_sizes, resize_to_budget
-from padless.loaders.webdataset import WebDatasetReader
+from padless.loaders.webdataset import DuplicateMemberError, WebDatasetReader
 from padless.loaders.schedules import BudgetSchedule, ScheduledResize
 
 __all__ = [
@@ -54,8 +61,11 @@ __all__ = [
     "BucketedStream",
     "Compose",
     "DEFAULT_MAX_PIXELS",
+    "DuplicateMemberError",
     "FieldTransforms",
     "ImageTooLargeError",
+    "MemberTooLargeError",
+    "NotARegularFileError",
     "Normalize",
     "BudgetBatchSampler",
     "BudgetSchedule",
@@ -75,6 +85,8 @@ __all__ = [
     "TokenBudget",
     "TrailingDataError",
     "TruncatedShardError",
+    "UnsupportedImageFormatError",
+    "UnsupportedMemberError",
     "WebDatasetReader",
     "as_sizes",
     "budget_size",

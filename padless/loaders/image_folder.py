@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any, Callable
 
 import numpy as np
@@ -24,6 +25,8 @@ from padless.loaders.images import (
     DEFAULT_MAX_PIXELS,
     IMAGE_EXTENSIONS,
     ImageTooLargeError,
+    NotARegularFileError,
+    file_kind,
     check_max_pixels,
     check_size_rules,
     decode_image,
@@ -43,7 +46,9 @@ class ImageFolder(torch.utils.data.Dataset):
     Image headers are read once when the dataset is built (cheap: no pixels are
     decoded) to know every size (``sizes()``, after ``max_side``/``multiple_of``);
     a file whose header cannot be read goes to ``handler`` (default: skip it,
-    count, warn once) and is left out of the dataset. A file that fails later,
+    count, warn once) and is left out of the dataset. Only regular files are
+    opened: a FIFO, socket or device named like an image goes to the handler
+    (:class:`NotARegularFileError`) instead of blocking the reader. A file that fails later,
     while decoding pixels, raises an error naming the file: a map-style dataset
     cannot skip an index the sampler already chose.
 
@@ -97,6 +102,11 @@ class ImageFolder(torch.utils.data.Dataset):
         paths, targets, sizes = [], [], []
         for p, c in found:
             try:
+                mode = os.stat(p).st_mode  # follows symlinks; never opens the file
+                if not stat.S_ISREG(mode):
+                    raise NotARegularFileError(
+                        f"ImageFolder: {p!r} is {file_kind(mode)}, not a regular file; it is left out (opening it could block)"
+                    )
                 h, w = image_header_size(p)
                 if max_pixels is not None and h * w > max_pixels:
                     raise ImageTooLargeError(

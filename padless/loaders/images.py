@@ -4,6 +4,8 @@ decoder's pixels), with optional size rules and a pixel limit read from the head
 from __future__ import annotations
 
 import io
+import os
+import stat
 import warnings
 from typing import Any
 
@@ -15,6 +17,9 @@ from padless.loaders._deps import require
 
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp", "bmp", "ppm", "pgm", "tif", "tiff", "gif")
 DEFAULT_MAX_PIXELS = 8192 * 8192  # 67,108,864 pixels: 192 MiB as RGB uint8; larger images are refused
+# The Pillow formats padless opens: raster formats decoded inside Pillow. Anything else (PostScript, EPS
+# and PDF, which Pillow renders by running Ghostscript, and every other plugin) is refused by name.
+RASTER_FORMATS = ("JPEG", "PNG", "WEBP", "BMP", "PPM", "TIFF", "GIF")
 
 
 def target_size(h: int, w: int, *, max_side: int | None = None, multiple_of: int | None = None) -> tuple[int, int]:
@@ -54,6 +59,87 @@ class ImageTooLargeError(ValueError):
     """An image whose header declares more pixels than ``max_pixels`` (refused before decoding)."""
 
 
+class UnsupportedImageFormatError(ValueError):
+    """Image data in a format padless does not open (not in ``RASTER_FORMATS``), e.g. EPS behind a ``.jpg`` name.
+
+    ``format`` is the Pillow format its first bytes match.
+    """
+
+    def __init__(self, message: str, format: str) -> None:  # noqa: A002 (Pillow's name for it)
+        super().__init__(message)
+        self.format = format
+
+
+class NotARegularFileError(OSError):
+    """A path named like an image that is not a regular file (a FIFO, a socket, a device): opening it could block."""
+
+
+def file_kind(mode: int) -> str:
+    """What ``os.stat``'s ``st_mode`` describes, for messages ("a FIFO (named pipe)", ...)."""
+    kinds = (
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISDIR, "a directory"),
+    )
+    return next((name for test, name in kinds if test(mode)), f"a special file (mode {oct(mode)})")
+
+
+def _first_bytes(src: Any, start: int, n: int = 16) -> bytes:
+    if isinstance(src, (str, os.PathLike)):
+        with open(src, "rb") as f:
+            return f.read(n)
+    src.seek(start)
+    try:
+        return src.read(n)
+    finally:
+        src.seek(start)
+
+
+def sniff_format(Image: Any, prefix: bytes) -> str | None:
+    """The first Pillow format outside ``RASTER_FORMATS`` whose signature check accepts ``prefix``
+    (the checks only compare bytes; nothing is opened or run)."""
+    Image.init()
+    for fmt, (_, accept) in Image.OPEN.items():
+        if fmt in RASTER_FORMATS or accept is None:
+            continue
+        try:
+            ok = accept(prefix)
+        except Exception:  # noqa: BLE001 (a check that cannot read this prefix does not match)
+            continue
+        if ok and not isinstance(ok, str):
+            return fmt
+    return None
+
+
+def open_image(src: Any, what: str = "decode_image") -> Any:
+    """``PIL.Image.open`` restricted to ``RASTER_FORMATS``: image data that lies about its format
+    (EPS in a ``.jpg``) never reaches a plugin that runs an external program (Ghostscript).
+
+    Data in another known format raises :class:`UnsupportedImageFormatError` naming it;
+    unknown data raises Pillow's ``UnidentifiedImageError``. A path that is not a regular
+    file (a FIFO would block the open) raises :class:`NotARegularFileError`.
+    """
+    Image = require("PIL.Image", "padless.loaders image decoding")
+    if isinstance(src, (str, os.PathLike)):
+        mode = os.stat(src).st_mode  # never opens it: a FIFO would block the open
+        if not stat.S_ISREG(mode):
+            raise NotARegularFileError(f"{what}: {os.fspath(src)!r} is {file_kind(mode)}, not a regular file; it was not opened")
+    start = 0 if isinstance(src, (str, os.PathLike)) else src.tell()
+    try:
+        return Image.open(src, formats=RASTER_FORMATS)
+    except Image.UnidentifiedImageError as e:
+        found = sniff_format(Image, _first_bytes(src, start))
+        if found is None:
+            raise
+        raise UnsupportedImageFormatError(
+            f"{what}: the image data is in the {found} format by its first bytes, which padless does not open "
+            f"(it opens {', '.join(RASTER_FORMATS)}); nothing was decoded or run",
+            found,
+        ) from e
+
+
 def pil_to_tensor(img: Any) -> Tensor:
     """A PIL image as a ``(C, H, W)`` tensor that is a view of the decoder's ``(H, W, C)`` pixels.
 
@@ -91,6 +177,10 @@ def decode_image(
     (readers send it to their error handler). ``None`` removes the limit
     (Pillow's own limit, ``PIL.Image.MAX_IMAGE_PIXELS``, still applies).
 
+    Only the raster formats in ``RASTER_FORMATS`` are opened (see :func:`open_image`):
+    PostScript, EPS or PDF data raises :class:`UnsupportedImageFormatError` without
+    starting Ghostscript, whatever the file is called.
+
     A JPEG that ``max_side`` shrinks by 2x or more is decoded at a reduced scale
     (1/2, 1/4 or 1/8, Pillow's ``draft``; at least the target size), then resized:
     a large photo never exists in memory at full size. Its pixels differ slightly
@@ -111,7 +201,7 @@ def decode_image(
     with warnings.catch_warnings():
         if max_pixels is not None and (Image.MAX_IMAGE_PIXELS is None or max_pixels <= Image.MAX_IMAGE_PIXELS):
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # our limit is the stricter one
-        opened = Image.open(src)
+        opened = open_image(src)
     with opened as img:
         h, w = img.height, img.width  # from the header: nothing is decoded yet
         if max_pixels is not None and h * w > max_pixels:
@@ -136,5 +226,5 @@ def image_header_size(path: Any) -> tuple[int, int]:
     Image = require("PIL.Image", "padless.loaders image sizes")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        with Image.open(path) as img:
+        with open_image(path, "image_header_size") as img:
             return img.height, img.width

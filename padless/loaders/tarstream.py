@@ -15,6 +15,14 @@ same archives but checks how the stream ended:
 * anything but zeros after the end-of-archive marker (two tars concatenated,
   whose second half ``tarfile`` would skip) raises :class:`TrailingDataError`.
 
+Members are read one at a time and never all at once: ``select`` names the members
+whose data is wanted (the others are streamed past, their data never held in memory,
+and yielded as ``(name, None)``), and a member whose header declares more than
+``max_member_bytes`` is not read either: it is yielded as ``(name, MemberTooLargeError)``,
+so a gzip bomb (a small shard holding one huge member of zeros) costs time, not memory.
+Links (symbolic or hard) and other members that are not regular files (devices,
+FIFOs) are yielded as ``(name, UnsupportedMemberError)``; directories are skipped.
+
 >>> import io, tarfile
 >>> buf = io.BytesIO()
 >>> with tarfile.open(fileobj=buf, mode="w") as tf:
@@ -60,6 +68,34 @@ class TruncatedShardError(tarfile.ReadError):
 
 class TrailingDataError(tarfile.ReadError):
     """Data after the end-of-archive marker (every member before it was read in full)."""
+
+
+DEFAULT_MAX_MEMBER_BYTES = 1 << 30  # 1 GiB: a member declaring more is refused unread
+
+
+class MemberError(ValueError):
+    """A tar member that is not read: ``member`` is its name in the shard."""
+
+    def __init__(self, message: str, member: str) -> None:
+        super().__init__(message)
+        self.member = member
+
+
+class MemberTooLargeError(MemberError):
+    """A member whose header declares more bytes than the reader's ``max_member_bytes`` (not read)."""
+
+
+class UnsupportedMemberError(MemberError):
+    """A member that is a symbolic or hard link, a device or a FIFO, not a regular file (not followed)."""
+
+
+_KINDS = {
+    tarfile.SYMTYPE: "a symbolic link",
+    tarfile.LNKTYPE: "a hard link",
+    tarfile.CHRTYPE: "a character device",
+    tarfile.BLKTYPE: "a block device",
+    tarfile.FIFOTYPE: "a FIFO",
+}
 
 
 class _Prefixed(io.RawIOBase):
@@ -115,8 +151,18 @@ class _LastRead:
         return getattr(self.inner, name)
 
 
-def tar_members(stream: BinaryIO) -> Iterator[tuple[str, bytes]]:
-    """``(name, data)`` of every regular file in a (possibly compressed) tar stream, in order.
+def tar_members(
+    stream: BinaryIO,
+    *,
+    select: Callable[[str], bool] | None = None,
+    max_member_bytes: int | None = DEFAULT_MAX_MEMBER_BYTES,
+) -> Iterator[tuple[str, bytes | None | MemberError]]:
+    """``(name, data)`` of every member but directories in a (possibly compressed) tar stream, in order.
+
+    ``data`` is the member's bytes; ``None`` for a member ``select(name)`` rejects
+    (its data is streamed past, never held); a :class:`MemberTooLargeError` for a
+    member whose header declares more than ``max_member_bytes`` (``None``: no limit;
+    not read either); an :class:`UnsupportedMemberError` for a link, a device or a FIFO.
 
     Raises :class:`TruncatedShardError` (after yielding every complete member) when
     the archive ends early, :class:`TrailingDataError` for data after its end,
@@ -142,7 +188,26 @@ def tar_members(stream: BinaryIO) -> Iterator[tuple[str, bytes]]:
         if m is None:
             break
         tf.members.clear()  # stream mode would otherwise keep every header of the shard
+        if m.isdir():
+            continue
         if not m.isfile():
+            kind = _KINDS.get(m.type, f"a member of tar type {m.type!r}")
+            target = f" to {m.linkname!r}" if m.issym() or m.islnk() else ""
+            yield m.name, UnsupportedMemberError(
+                f"member {m.name!r} is {kind}{target}, not a regular file; padless does not follow it "
+                "(write the file itself into the shard)",
+                m.name,
+            )
+            continue
+        if select is not None and not select(m.name):
+            yield m.name, None  # tarfile streams past its data when the next header is read
+            continue
+        if max_member_bytes is not None and m.size > max_member_bytes:
+            yield m.name, MemberTooLargeError(
+                f"member {m.name!r} declares {m.size} bytes, over max_member_bytes={max_member_bytes}; "
+                "it was not read (pass a larger max_member_bytes=, or None for no limit)",
+                m.name,
+            )
             continue
         try:
             data = tf.extractfile(m).read()  # type: ignore[union-attr]

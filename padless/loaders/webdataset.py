@@ -53,7 +53,13 @@ from padless.loaders.distributed import current_consumer, split_for
 from padless.loaders.errors import ErrorHandler, SkipAndWarn
 from padless.loaders.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_max_pixels, check_size_rules, decode_image
 from padless.loaders.streaming import share, shuffle_buffer
-from padless.loaders.tarstream import TrailingDataError, TruncatedShardError, tar_members
+from padless.loaders.tarstream import (
+    DEFAULT_MAX_MEMBER_BYTES,
+    MemberError,
+    TrailingDataError,
+    TruncatedShardError,
+    tar_members,
+)
 from padless.loaders.transforms import Transform, apply_transform, sample_transform
 
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
@@ -104,6 +110,44 @@ def ended_early(exc: BaseException, last_key: str | None) -> tarfile.ReadError:
     return err
 
 
+class DuplicateMemberError(ValueError):
+    """A sample key whose field appears twice in a shard, or whose members are not consecutive.
+
+    Webdataset groups consecutive members by key; a second ``0001.png`` (or
+    ``0001.PNG`` beside ``0001.png``: fields are matched in lower case), or a key
+    that reappears after another key's members, would otherwise replace data or
+    split a sample silently.
+    """
+
+
+def parse_fields(fields: dict[str, Any] | None, what: str = "WebDatasetReader") -> dict[str, list[str]] | None:
+    """``{name: [ext, ...]}`` from ``{name: "ext1;ext2"}`` or ``{name: ("ext1", "ext2")}`` (lower case).
+
+    >>> parse_fields({"image": "jpg;PNG", "label": ("cls",)})
+    {'image': ['jpg', 'png'], 'label': ['cls']}
+    """
+    if fields is None:
+        return None
+    if not isinstance(fields, dict):
+        raise TypeError(f"{what}: fields must be a dict {{name: 'ext1;ext2'}} or {{name: ('ext1', 'ext2')}}, got {type(fields).__name__}")
+    out: dict[str, list[str]] = {}
+    for name, spec in fields.items():
+        if isinstance(spec, str):
+            exts = spec.split(";")
+        elif isinstance(spec, (tuple, list)) and all(isinstance(e, str) for e in spec):
+            exts = list(spec)
+        else:
+            raise TypeError(
+                f"{what}: fields[{name!r}] must be extensions as a string 'jpg;png' or a tuple/list of strings "
+                f"('jpg', 'png'), got {spec!r}"
+            )
+        exts = [e.strip().lstrip(".").lower() for e in exts]
+        if not exts or any(not e for e in exts):
+            raise ValueError(f"{what}: fields[{name!r}] has an empty extension: {spec!r}")
+        out[name] = exts
+    return out
+
+
 def split_key(name: str) -> tuple[str, str] | None:
     """``("dir/0001", "jpg")`` for ``dir/0001.jpg``; ``None`` for names without a field.
 
@@ -119,8 +163,12 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
 
     Args:
         urls: shard paths, a brace pattern, or URLs (remote ones need ``webdataset``).
-        fields: optional ``{name: "ext1;ext2"}``: output only these fields, each
-            from the first extension present (a sample lacking one goes to the handler).
+        fields: optional ``{name: "ext1;ext2"}`` (or ``{name: ("ext1", "ext2")}``): output only
+            these fields, each from the first extension present (a sample lacking one goes
+            to the handler). Members whose extension no field names are streamed past unread.
+        max_member_bytes: a member to be read whose header declares more bytes goes to the
+            handler unread (:class:`~padless.loaders.tarstream.MemberTooLargeError`; default 1 GiB;
+            ``None``: no limit). Members skipped by ``fields`` are never read, whatever their size.
         image_mode: PIL mode images are converted to (``"RGB"``; ``None`` keeps the file's).
         max_side, multiple_of: optional size rules (see :func:`padless.loaders.images.target_size`).
         max_pixels: images whose header declares more pixels go to the handler undecoded
@@ -145,11 +193,12 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         self,
         urls: str | Sequence[str],
         *,
-        fields: dict[str, str] | None = None,
+        fields: dict[str, str | Sequence[str]] | None = None,
         image_mode: str | None = "RGB",
         max_side: int | None = None,
         multiple_of: int | None = None,
         max_pixels: int | None = DEFAULT_MAX_PIXELS,
+        max_member_bytes: int | None = DEFAULT_MAX_MEMBER_BYTES,
         transform: Transform | None = None,
         shuffle_shards: bool = True,
         shuffle_buffer: int = 0,
@@ -170,7 +219,12 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         if handler is not None and not callable(handler):
             raise TypeError(f"WebDatasetReader: handler must be a function handler(exc, shard=, key=), got {type(handler).__name__}")
         self.urls = expand_urls(urls)
-        self.fields = {k: v.split(";") for k, v in fields.items()} if fields else None
+        if max_member_bytes is not None and (
+            isinstance(max_member_bytes, bool) or not isinstance(max_member_bytes, int) or max_member_bytes < 0
+        ):
+            raise ValueError(f"WebDatasetReader: max_member_bytes must be an int >= 0 or None (no limit), got {max_member_bytes!r}")
+        self.fields = parse_fields(fields) if fields else None
+        self.max_member_bytes = max_member_bytes
         self.image_mode = image_mode
         self.max_side = max_side
         self.multiple_of = multiple_of
@@ -258,6 +312,12 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         :class:`~padless.loaders.tarstream.TruncatedShardError` naming the last
         complete sample, with ``key`` the sample that was being read (or the last
         complete one); the samples before it have been yielded.
+
+        A sample with a field twice (``0001.png`` and ``0001.PNG``), a key that
+        reappears after another key (:class:`DuplicateMemberError`), a link member
+        (:class:`~padless.loaders.tarstream.UnsupportedMemberError`) or a member over
+        ``max_member_bytes`` (:class:`~padless.loaders.tarstream.MemberTooLargeError`)
+        goes to the handler, keyed by its sample, and is not decoded.
         """
         try:
             stream = open_shard(url)
@@ -265,10 +325,13 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
             self.handler(e, shard=url, key=None)
             return
         with stream:
-            members = tar_members(stream)
+            members = tar_members(stream, select=self._member_filter(), max_member_bytes=self.max_member_bytes)
             cur: dict[str, bytes] = {}
+            cur_fields: set[str] = set()  # the pending sample's fields (lower case), read or streamed past
+            cur_error: Exception | None = None  # why the pending sample goes to the handler, if it does
             cur_key: str | None = None
             last_key: str | None = None  # the last sample whose members were all read
+            done: set[str] = set()  # keys whose members ended: one reappearing is not consecutive
             while True:
                 # Only tar reading sits in a try: errors from decoding, from the handler or from
                 # the consumer of this generator must not be taken for a broken shard.
@@ -281,7 +344,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                     nxt = cut[0] if cut is not None else None
                     if cur_key is not None and ((nxt is not None and nxt != cur_key) or isinstance(e, TrailingDataError)):
                         last_key = cur_key
-                        yield from self._decode_or_handle(cur, cur_key, url)
+                        yield from self._decode_or_handle(cur, cur_key, url, cur_error)
                         cur_key = None
                     key = nxt or cur_key or last_key
                     self.handler(ended_early(e, last_key), shard=url, key=key)
@@ -291,18 +354,54 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                 name, data = m
                 parts = split_key(name)
                 if parts is None:
+                    if isinstance(data, MemberError):  # a link or a device without a sample key
+                        self.handler(data, shard=url, key=name)
                     continue
                 key, field = parts
+                field = field.lower()
                 if key != cur_key:
                     if cur_key is not None:
                         last_key = cur_key
-                        yield from self._decode_or_handle(cur, cur_key, url)
-                    cur, cur_key = {}, key
-                cur[field.lower()] = data
+                        done.add(cur_key)
+                        yield from self._decode_or_handle(cur, cur_key, url, cur_error)
+                    cur, cur_fields, cur_error, cur_key = {}, set(), None, key
+                    if key in done:
+                        cur_error = DuplicateMemberError(
+                            f"sample key {key!r} appears again at member {name!r}, after other keys: a sample's members "
+                            "must be consecutive in the shard; this second group is not read"
+                        )
+                if field in cur_fields and cur_error is None:
+                    cur_error = DuplicateMemberError(
+                        f"member {name!r}: sample {key!r} already has a {field!r} member (fields are matched in lower "
+                        "case); a field must appear once per sample, so the sample is not read"
+                    )
+                cur_fields.add(field)
+                if isinstance(data, MemberError):
+                    cur_error = cur_error or data
+                elif data is not None and cur_error is None:
+                    cur[field] = data
             if cur_key is not None:
-                yield from self._decode_or_handle(cur, cur_key, url)
+                yield from self._decode_or_handle(cur, cur_key, url, cur_error)
 
-    def _decode_or_handle(self, raw: dict[str, bytes], key: str, url: str) -> Iterator[dict[str, Any]]:
+    def _member_filter(self) -> Callable[[str], bool] | None:
+        """Which members to read: with ``fields``, those whose extension a field names (the
+        others are streamed past unread); without, all."""
+        if self.fields is None:
+            return None
+        wanted = {e for exts in self.fields.values() for e in exts}
+
+        def select(name: str) -> bool:
+            parts = split_key(name)
+            return parts is not None and parts[1].lower() in wanted
+
+        return select
+
+    def _decode_or_handle(
+        self, raw: dict[str, bytes], key: str, url: str, error: Exception | None = None
+    ) -> Iterator[dict[str, Any]]:
+        if error is not None:  # a duplicate, a link or an oversized member: the sample is not decoded
+            self.handler(error, shard=url, key=key)
+            return
         try:
             sample = self.decode(raw)
         except Exception as e:  # noqa: BLE001

@@ -9,7 +9,8 @@ NestedTensor exists:
 * ``sizes`` ``(B, D)`` int64 and ``offsets`` ``(B+1,)`` int64; ``ragged`` distinct dims
   in ``range(D)``; ``values`` holds one dim per static sample dim;
 * every extent ``>= 0``; every static extent equals ``values``' extent there;
-* ``offsets`` start at 0, step by each sample's row count (the product of its ragged
+* ``offsets`` start at 0, never decrease (compared, not subtracted: differences of
+  int64 offsets wrap), step by each sample's row count (the product of its ragged
   extents), and end at ``len(values)``;
 * host copies, when carried, equal the tensors they mirror;
 * the envelope is recomputed from the sizes (it is derived, never trusted);
@@ -104,6 +105,10 @@ def check_structure(
     counts = ext.prod(1) if ragged else torch.ones(b, dtype=torch.int64)
     if int(ho[0]) != 0:
         raise _fail(f"offsets must start at 0, got offsets[0]={int(ho[0])}")
+    dec = ho[1:] < ho[:-1]  # compared first: the steps below are differences, which wrap for such offsets
+    if bool(dec.any()):
+        i = int(dec.nonzero()[0, 0])
+        raise _fail(f"offsets decrease at sample {i}: offsets[{i}]={int(ho[i])} > offsets[{i + 1}]={int(ho[i + 1])}")
     bad = (ho[1:] - ho[:-1]) != counts
     if bool(bad.any()):
         i = int(bad.nonzero()[0, 0])
