@@ -18,7 +18,9 @@ A second table times the jagged types themselves against TorchRec's, side by sid
 (TorchRec is the baseline column; it runs only where ``torchrec`` imports, e.g. a
 separate environment with ``torchrec`` and ``fbgemm-gpu-cpu``):
 KJT construction from lengths, ``from_lengths_sync``, ``to_dict``, ``from_jt_dict``,
-``concat``, ``permute``, ``split`` and ``to_padded_dense`` of every key.
+``concat``, ``permute``, ``split`` and ``to_padded_dense`` of every key. A third table
+times ``regroup_kts`` and ``permute_multi_embedding`` (pooled embeddings of 3 KeyedTensors
+regrouped into 3 groups) against TorchRec's, or a hand-written ``torch.cat`` without it.
 ``--types-only`` skips the first table; ``--only TEXT`` keeps the type cases whose name
 contains TEXT; ``--cpu-time`` times with the thread's CPU clock instead of the wall clock
 (on a shared, loaded machine it leaves out the time other processes hold the core).
@@ -189,6 +191,54 @@ def types_table(args: argparse.Namespace) -> None:
     bench.print_table(rows, "jagged types: padless vs TorchRec (ratio > 1: faster than TorchRec)", base)
     if base == "padless":
         print("\nTorchRec is not importable here: only padless was timed.")
+    regroup_table(args)
+
+
+def regroup_table(args: argparse.Namespace) -> None:
+    """Pooled embeddings regrouped by key: ``regroup_kts`` and ``permute_multi_embedding``
+    against TorchRec's (when importable), else against a hand-written ``torch.cat`` of
+    precomputed column slices."""
+    from padless.jagged import KeyedTensor, permute_multi_embedding, regroup_kts
+
+    torch.manual_seed(2)
+    b, dim, n_kt, per_kt = args.batch, args.dim, 3, max(args.features, 2)
+    keys = [[f"t{t}_f{i}" for i in range(per_kt)] for t in range(n_kt)]
+    kts = [KeyedTensor.from_tensor_list(ks, [torch.randn(b, dim) for _ in ks]) for ks in keys]
+    flat = [k for ks in keys for k in ks]
+    perm = torch.randperm(len(flat), generator=torch.Generator().manual_seed(3)).tolist()
+    groups = [[flat[i] for i in perm[: len(flat) // 2]], [flat[i] for i in perm[len(flat) // 2 :]], flat[: per_kt // 2]]
+    where = {k: (t, i * dim) for t, ks in enumerate(keys) for i, k in enumerate(ks)}
+    vals = [kt.values() for kt in kts]
+
+    def by_hand():
+        return [torch.cat([vals[where[k][0]][:, where[k][1] : where[k][1] + dim] for k in g], 1) for g in groups]
+
+    ref = by_hand()
+    for fn in (regroup_kts, permute_multi_embedding):
+        for got, want in zip(fn(kts, groups), ref):
+            torch.testing.assert_close(got, want)
+    try:
+        from torchrec.sparse import jagged_tensor as trc
+
+        theirs = [kt.to_torchrec() for kt in kts]
+        base = {
+            "regroup_kts": ("torchrec", lambda: trc.regroup_kts(theirs, groups)),
+            "permute_multi_embedding": ("torchrec", lambda: trc.permute_multi_embedding(theirs, groups)),
+        }
+    except (ImportError, RuntimeError, AttributeError):
+        base = {name: ("torch.cat by hand", by_hand) for name in ("regroup_kts", "permute_multi_embedding")}
+    mine = {"regroup_kts": lambda: regroup_kts(kts, groups), "permute_multi_embedding": lambda: permute_multi_embedding(kts, groups)}
+    rows = []
+    for case, (name, f) in base.items():
+        if args.only not in case:
+            continue
+        impls = {name: f, "padless": mine[case]}
+        rows += bench.rows_from(case, bench.interleaved(impls, baseline=name, rounds=max(args.rounds, 30), inner=5))
+    print(
+        f"\nB={b}, {n_kt} KeyedTensors x {per_kt} keys of width {dim}, groups of "
+        f"{[len(g) for g in groups]} keys, {torch.get_num_threads()} thread(s)"
+    )
+    bench.print_table(rows, "regrouping pooled embeddings (ratio > 1: faster than the baseline)", base["regroup_kts"][0])
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ def jt_kwargs(jt: Any) -> dict[str, Any]:
 
 def kjt_kwargs(kjt: Any) -> dict[str, Any]:
     """Constructor arguments of a KeyedJaggedTensor (padless' or TorchRec's): ``stride`` for a
-    fixed batch, ``stride_per_key_per_rank`` for a variable one."""
+    fixed batch, ``stride_per_key_per_rank`` for a variable one, and the ``inverse_indices`` a
+    variable-batch (VBE) KJT carries (the same tuple, not a copy)."""
     variable = kjt.variable_stride_per_key()
     return dict(
         keys=kjt.keys(),
@@ -45,6 +46,7 @@ def kjt_kwargs(kjt: Any) -> dict[str, Any]:
         stride_per_key_per_rank=kjt.stride_per_key_per_rank() if variable else None,
         length_per_key=kjt.length_per_key_or_none(),
         offset_per_key=kjt.offset_per_key_or_none(),
+        inverse_indices=kjt.inverse_indices_or_none(),
     )
 
 

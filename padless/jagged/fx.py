@@ -16,7 +16,10 @@ any input), build one from traced tensors and return it, or call the static help
 Nothing here runs in eager code: the constructors reach ``stand_in`` only on the path where
 ``values`` is not a tensor, which used to be an error. TorchRec gets the same behaviour from
 a metaclass (``ProxyableClassMeta``), which costs every construction a python-level call.
-TorchScript is not supported.
+
+TorchScript is not supported, and ``torch.jit.trace`` is refused (:func:`refuse_jit_trace`):
+a trace records the host-side offsets and per-key lengths of the example batch as
+constants, so the traced function would return that batch's structure for every other one.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
+import torch
 import torch.fx._symbolic_trace as _st
 from torch.fx import Proxy
 from torch.fx.node import map_aggregate
@@ -101,6 +105,18 @@ def stand_in(obj: Any, cls: type, args: Sequence[Any], kwargs: Mapping[str, Any]
     obj.__class__ = _stand_in_class(cls)
     object.__setattr__(obj, _PROXY_SLOT, node)
     return True
+
+
+def refuse_jit_trace(what: str) -> None:
+    """Raise under ``torch.jit.trace`` (called where JaggedTensor / KeyedJaggedTensor objects
+    are built): a never-wrong error instead of a trace that bakes in one batch's offsets."""
+    if torch.jit.is_tracing():
+        raise RuntimeError(
+            f"{what}: torch.jit.trace is not supported: the trace would record this batch's host-side "
+            "offsets and lengths as constants and return them for every other batch. Trace with "
+            "torch.fx.symbolic_trace (or TorchRec's tracer), or compile with torch.compile; "
+            "TorchScript is not supported either"
+        )
 
 
 def leaf(fn: F) -> F:

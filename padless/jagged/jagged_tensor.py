@@ -72,6 +72,7 @@ class JaggedTensor:
             if fx.stand_in(self, type(self), (values, weights, lengths, offsets), {}):
                 return  # built from traced tensors under torch.fx: stands in for the graph node
             raise TypeError(f"{what}: values must be a tensor, got {type(values).__name__}")
+        fx.refuse_jit_trace(what)
         if values.dim() < 1:
             raise ValueError(f"{what}: values must have a row dim (T, *static), got a 0-d tensor")
         if lengths is None and offsets is None:
@@ -103,6 +104,7 @@ class JaggedTensor:
         host_offsets: Tensor | None,
     ) -> "JaggedTensor":
         """Internal: trusted parts (already validated), no checks."""
+        fx.refuse_jit_trace("JaggedTensor")
         jt = cls.__new__(cls)
         jt._values, jt._weights, jt._lengths, jt._offsets = values, weights, lengths, offsets
         jt._host_offsets = host_offsets

@@ -70,6 +70,7 @@ class KeyedJaggedBase:
             if fx.stand_in(self, type(self), (keys, values), given):
                 return
         what = "KeyedJaggedTensor"
+        fx.refuse_jit_trace(what)
         keys = list(keys)
         for k in keys:
             if not isinstance(k, str):
@@ -98,6 +99,13 @@ class KeyedJaggedBase:
             if len(spkpr) > len(keys):
                 raise StructureError(
                     f"{what}: stride_per_key_per_rank has {len(spkpr)} entries but there are only {len(keys)} keys"
+                )
+            bad = next(((k, r, x) for k, row in enumerate(spkpr) for r, x in enumerate(row) if x < 0), None)
+            if bad is not None:  # TorchRec accepts it; nothing can read it (kept, raised by validate() and readers)
+                k, r, x = bad
+                fault = fault or (
+                    f"{what}: stride_per_key_per_rank must be >= 0, but key {keys[k]!r} has stride {x} on rank {r} "
+                    f"(stride_per_key_per_rank {spkpr})"
                 )
             expected = sum(sum(r) for r in spkpr)
             if n_bags != expected:
@@ -193,13 +201,13 @@ class KeyedJaggedBase:
             offsets is None and lengths is not None and self._stride_per_key_per_rank is None
             and lengths.numel() and lengths.device.type == "cpu"
         ):
-            opk, fault = C.key_offsets(what, lengths, len(self._keys), self._stride, total)
+            opk, fault = C.key_offsets(what, lengths, len(self._keys), self._stride, total, self._where)
             host = None
         else:
             if lengths is None and offsets is None:  # no bags
                 host, fault = torch.zeros(1, dtype=torch.int64), None
             else:
-                host, fault = C.host_offsets(what, lengths, offsets, total)
+                host, fault = C.host_offsets(what, lengths, offsets, total, self._where)
             hn = None if host is None else host.numpy()
             opk = None if hn is None else (hn[self.lengths_offset_per_key()] - hn[0]).tolist()
         if fault is None and opk is not None and self._weights is not None:
@@ -215,6 +223,15 @@ class KeyedJaggedBase:
         self._fault = self._fault or fault
         self._host_offsets = host if self._fault is None else None
         self._pending = C.CHECKED if opk is not None and host is None and self._fault is None else None
+
+    def _where(self, i: int) -> str:
+        """Bag ``i`` (of the flat lengths) as ``"key 'a', sample 1"``, for messages."""
+        start = 0
+        for key, n in zip(self._keys, self.stride_per_key()):
+            if n > 0 and i < start + n:
+                return f"key {key!r}, sample {i - start}"
+            start += max(n, 0)
+        return f"bag {i}"
 
     def validate(self: K) -> K:
         """Run the structure checks now (a no-op once done, and for tensors on a device, which
@@ -240,6 +257,7 @@ class KeyedJaggedBase:
         inverse_indices: tuple[list[str], Tensor] | None = None,
     ) -> K:
         """Internal: trusted, already consistent parts; no checks, no syncs."""
+        fx.refuse_jit_trace("KeyedJaggedTensor")
         k = cls.__new__(cls)
         k._keys, k._values, k._weights, k._lengths, k._offsets = keys, values, weights, lengths, offsets
         k._stride, k._stride_per_key_per_rank = stride, stride_per_key_per_rank

@@ -5,7 +5,7 @@ import importlib
 
 import pytest
 
-MODULES = ["jagged_tensor", "keyed_jagged", "keyed_tensor", "pooling", "collate", "validate"]
+MODULES = ["jagged_tensor", "keyed_jagged", "keyed_tensor", "pooling", "collate", "validate", "regroup"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -131,3 +131,37 @@ def test_eager_errors_and_traced_objects_say_what_they_are():
     symbolic_trace(Peek())
     assert seen == {"repr": "JaggedTensor(traced: jagged_tensor)", "is_jt": True}
     assert isinstance(padless.jagged.fx.leaf(len)([1, 2]), int)  # a leaf runs its function outside tracing
+
+
+def _kjt_offsets(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return KeyedJaggedTensor(["a"], values, lengths=lengths).offsets()
+
+
+def _kjt_sync_offsets(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return KeyedJaggedTensor.from_lengths_sync(["a"], values, lengths).offsets()
+
+
+def _jt_dense(values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    return JaggedTensor(values, lengths=lengths).to_padded_dense()
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated")
+@pytest.mark.parametrize("fn", [_kjt_offsets, _kjt_sync_offsets, _jt_dense])
+def test_jit_trace_is_refused_never_wrong(fn):
+    """torch.jit.trace would bake the example batch's host offsets in (traced on lengths [2, 1],
+    the KJT answered [0, 2, 3] for lengths [2, 0, 1, 3]): it is refused, naming the supported
+    paths; eager code and torch.fx tracing of the same function give the right offsets."""
+    with pytest.raises(RuntimeError, match=r"torch.jit.trace is not supported: .* torch.fx.symbolic_trace .* torch.compile"):
+        torch.jit.trace(fn, (torch.arange(3), torch.tensor([2, 1])))
+    fn(torch.arange(6), torch.tensor([2, 0, 1, 3]))  # eager: unaffected
+    assert _kjt_offsets(torch.arange(6), torch.tensor([2, 0, 1, 3])).tolist() == [0, 2, 2, 3, 6]
+
+
+def test_fx_traces_the_function_jit_trace_refuses():
+    class Offsets(torch.nn.Module):
+        def forward(self, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+            return _kjt_offsets(values, lengths)
+
+    gm = symbolic_trace(Offsets())
+    assert gm(torch.arange(3), torch.tensor([2, 1])).tolist() == [0, 2, 3]
+    assert gm(torch.arange(6), torch.tensor([2, 0, 1, 3])).tolist() == [0, 2, 2, 3, 6]
