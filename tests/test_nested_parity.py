@@ -4,6 +4,7 @@ Every test builds the same samples as a padless NestedTensor and as an NJT
 (``torch.nested.nested_tensor(..., layout=torch.jagged)``) and compares sample by sample.
 """
 
+import math
 import warnings
 
 import pytest
@@ -161,6 +162,80 @@ def test_index_put_negative_and_errors():
     assert torch.index_put(pl, (torch.tensor([0]),), torch.tensor(5.0)).unbind()[0].eq(5.0).all()
     with pytest.raises(TypeError, match=r"index 1 must be an integer tensor"):
         torch.index_put(pl, (torch.tensor([0]), torch.tensor([0.5])), torch.tensor(5.0))
+
+
+def _same_dense(out, refs):
+    _same(out, torch.nested.as_nested_tensor(refs, layout=torch.strided))
+
+
+def _transposed_pair(shapes, seed, requires_grad=False):
+    """The same samples as a padless NestedTensor and an NJT, both ``transpose(1, 2)``-ed, so the
+    ragged dim is sample dim 1 (NJT's ``_ragged_idx`` 2) and the storage is not contiguous."""
+    samples = _samples(shapes, seed=seed)
+    pl, njt = _pair(samples, requires_grad=requires_grad)
+    return samples, pl.transpose(1, 2), njt.transpose(1, 2)
+
+
+@pytest.mark.parametrize("shapes", [[(3, 4), (2, 4)], [(3, 2, 4), (2, 2, 4)]], ids=["2d", "3d"])
+def test_index_put_transposed_matches_njt(shapes):
+    """NJT on a transposed tensor: indices ``(batch, c, ragged, *rest)`` write element
+    ``(c[k], ragged[k], ...)`` of sample ``batch[k]``; out of place, accumulating and in place.
+    (NJT compares the ragged index with ``lengths`` elementwise, so its index tensors need B entries.)"""
+    _, pl, njt = _transposed_pair(shapes, seed=9)
+    idx = (torch.tensor([0, 1]), torch.tensor([1, 0]), torch.tensor([2, 1]))
+    v = torch.arange(2.0 * math.prod(shapes[0][2:])).view(2, *shapes[0][2:]) + 100
+    assert pl.ragged_dims == (1,) and njt._ragged_idx == 2
+    _same(torch.index_put(pl, idx, v), torch.index_put(njt, idx, v))
+    _same(torch.index_put(pl, idx, v, accumulate=True), torch.index_put(njt, idx, v, accumulate=True))
+    assert pl.index_put_(idx, v) is pl
+    njt.index_put_(idx, v)
+    _same(pl, njt)
+
+
+def test_index_put_transposed_matches_dense_samples():
+    """Where NJT's check misfires (more index entries than samples, negative indices), and for
+    the gradients: the dense op on each sample is the reference."""
+    samples = _samples([(3, 4), (0, 4), (2, 4)], seed=10)
+    leaf = nested.nested_tensor([s.clone() for s in samples], requires_grad=True)
+    pl = leaf.transpose(1, 2)
+    b, c, j = torch.tensor([0, 2, 2, -3]), torch.tensor([1, 0, -1, 3]), torch.tensor([-1, 1, 0, 0])
+    v = torch.tensor([1.0, 2.0, 3.0, 4.0], requires_grad=True)
+    out = torch.index_put(pl, (b, c, j), v)
+    dense = [s.clone().requires_grad_() for s in samples]
+    vr = v.detach().clone().requires_grad_()
+    refs = [x.t().clone() for x in dense]
+    for k in range(len(b)):
+        refs[int(b[k])] = refs[int(b[k])].index_put((c[k : k + 1], j[k : k + 1]), vr[k : k + 1])
+    _same_dense(out, refs)
+    sum((o * o).sum() for o in out.unbind()).backward()
+    sum((r * r).sum() for r in refs).backward()
+    torch.testing.assert_close(v.grad, vr.grad)
+    for got, want in zip(leaf.grad.unbind(), dense):
+        torch.testing.assert_close(got, want.grad)
+    acc = torch.index_put(pl.detach(), (b, c, j), v.detach(), accumulate=True)
+    refs = [s.t().clone() for s in samples]
+    for k in range(len(b)):
+        refs[int(b[k])] = refs[int(b[k])].index_put((c[k : k + 1], j[k : k + 1]), v[k : k + 1].detach(), accumulate=True)
+    _same_dense(acc, refs)
+    with pytest.raises(RuntimeError, match=r"index_put\(\): a ragged index \(index 2\) is out of range"):
+        torch.index_put(pl.detach(), (torch.tensor([1]), torch.tensor([0]), torch.tensor([0])), torch.tensor(5.0))
+
+
+def test_index_put_batch_indices_only_transposed():
+    """``index_put(nt, [batch], v)`` on a transposed tensor writes every element of the samples
+    named, ``v`` broadcasting against a sample with extent 1 along the ragged dim (NJT refuses:
+    "only works on contiguous NJTs"); the dense op on each sample is the reference."""
+    samples, pl, njt = _transposed_pair([(3, 4), (0, 4), (2, 4)], seed=11)
+    with pytest.raises(RuntimeError, match="only works on contiguous NJTs"):
+        torch.index_put(njt, [torch.tensor([0])], torch.tensor(1.0))
+    v = torch.arange(4.0).view(4, 1)
+    for accumulate in (False, True):
+        out = torch.index_put(pl, [torch.tensor([0, 2, 2])], v, accumulate=accumulate)
+        refs = [s.t() for s in samples]
+        refs = [refs[0] + v, refs[1], refs[2] + 2 * v] if accumulate else [v.expand_as(refs[0]), refs[1], v.expand_as(refs[2])]
+        _same_dense(out, refs)
+    with pytest.raises(padless.StructureError, match=r"values must be the same for every element of a written sample"):
+        torch.index_put(pl, [torch.tensor([0])], torch.arange(4.0))  # (4,) runs along the ragged dim
 
 
 def test_dense_matmul_transposed_nested():

@@ -267,9 +267,10 @@ def test_index_put_batch_indices_only_errors():
     x = _pl(_samples(BATCHES["mixed"]))
     with pytest.raises(padless.StructureError, match=r"index_put\(\): with batch indices only, values must be the same"):
         torch.index_put(x, [torch.tensor([0, 2])], torch.randn(2, 1, 4))
-    t = nested.nested_tensor([torch.randn(4, 3), torch.randn(4, 2)])  # ragged dim last
-    with pytest.raises(NotImplementedError, match=r"index_put\(\): batch indices only need one ragged dim, sample dim 0"):
-        torch.index_put(t, [torch.tensor([0])], torch.tensor(1.0))
+    t = nested.nested_tensor([torch.randn(4, 3), torch.randn(4, 2)])  # ragged dim last: written as on each sample
+    _same(torch.index_put(t, [torch.tensor([0])], torch.tensor(1.0)), [torch.ones(4, 3), t.unbind()[1]])
+    with pytest.raises(padless.StructureError, match=r"index_put\(\): with batch indices only, values must be the same"):
+        torch.index_put(t, [torch.tensor([0])], torch.randn(3))  # (3,) runs along the ragged dim
     g = _pl(_samples(BATCHES["mixed"]), requires_grad=True)
     with pytest.raises(NotImplementedError, match=r"index_put_\(\): batch indices only, in place, on tensors that require grad"):
         g.index_put_([torch.tensor([0])], torch.tensor(1.0))

@@ -5,8 +5,10 @@ element of the samples ``batch`` names (NJT pads, writes ``padded[batch] = v`` a
 again); with ``accumulate=True`` ``v`` is added once per occurrence of a sample in ``batch``.
 Here that is one ``torch.where`` (or one multiply-add) over the packed rows: no padding, no
 sync, differentiable w.r.t. ``nt`` and ``v``. ``v`` is the same for every written element up
-to the static trailing dims: a scalar or a tensor broadcasting against ``(*static)`` (leading
-dims of extent 1 are allowed). Index lists of another form go to the ATen handler
+to the static dims: a scalar or a tensor broadcasting against a sample with extent 1 along
+its ragged dims (leading dims of extent 1 are allowed). Any layout works: several ragged dims,
+or a transposed tensor (NJT refuses those, padless writes what the dense op on each sample
+writes). Index lists of another form go to the ATen handler
 (``padless.ops.nested.parity``: ``(batch, ragged, *rest)`` indices, a NestedTensor mask).
 """
 
@@ -31,27 +33,24 @@ def _batch_only(indices: Any) -> bool:
 
 
 def _value_rows(op: str, nt: NestedTensor, v: Tensor) -> Tensor:
-    """``v`` as one row value broadcasting against ``values`` ``(T, *static)``."""
-    static = tuple(nt._values.shape[1:])
-    extra = v.dim() - len(static)
-    if extra > 0:
-        if any(n != 1 for n in v.shape[:extra]):
-            raise StructureError(
-                f"{op}(): with batch indices only, values must be the same for every element of a written "
-                f"sample: a scalar or a tensor broadcasting against the static dims {static}; got shape "
-                f"{tuple(v.shape)} (index the ragged dim too to write per element)"
-            )
-        v = v.reshape(v.shape[extra:])
-    return v
+    """``v`` (broadcasting against a sample, extent 1 along the ragged dims) as one row value
+    broadcasting against ``values`` ``(T, *static)``, whose static dims are in storage order."""
+    d = nt.sample_dim
+    extra = max(v.dim() - d, 0)
+    shape = (1,) * (d - v.dim() + extra) + tuple(v.shape[extra:])
+    if any(n != 1 for n in v.shape[:extra]) or any(shape[r] != 1 for r in nt._ragged):
+        static = tuple(n for i, n in enumerate(nt.shape[1:]) if i not in nt._ragged)
+        raise StructureError(
+            f"{op}(): with batch indices only, values must be the same for every element of a written "
+            f"sample: a scalar or a tensor broadcasting against the static dims {static}; got shape "
+            f"{tuple(v.shape)} (index the ragged dim too to write per element)"
+        )
+    v = v.reshape(shape).permute(list(nt.storage_order))  # sample dims in storage order
+    return v.reshape(v.shape[len(nt._ragged) :])
 
 
 def put_samples(op: str, nt: NestedTensor, batch: Tensor, v: Tensor, accumulate: bool) -> Tensor:
     """``nt`` with every element of samples ``batch`` set to (or, accumulating, increased by) ``v``."""
-    if nt._ragged != (0,) or tuple(nt.storage_order) != tuple(range(nt.sample_dim)):
-        raise NotImplementedError(
-            f"{op}(): batch indices only need one ragged dim, sample dim 0 (got ragged sample dims "
-            f"{nt.ragged_dims}); call .contiguous() on a transposed NestedTensor, or index x.values()"
-        )
     if isinstance(v, NestedTensor):
         raise NotImplementedError(f"{op}(): values must be dense (a scalar or per static-dims values)")
     bsz = nt.batch_size

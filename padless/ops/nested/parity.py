@@ -6,9 +6,9 @@
 * ``nt.apply_(fn)``: ``fn`` on every element, in place (CPU only, as for dense tensors);
 * ``aten._unsafe_view`` (what autograd formulas and decompositions emit for ``view``): the
   ``reshape`` rule, the batch dim and ragged dims kept;
-* ``index_put`` / ``index_put_`` with integer index tensors ``(batch, ragged, *rest)``
-  on a NestedTensor whose one ragged dim is sample dim 0 (NJT's supported form): element
-  ``(b, j, ...)`` of sample ``b``; and ``nt[mask] = v`` with a bool NestedTensor ``mask`` of
+* ``index_put`` / ``index_put_`` with integer index tensors ``(batch, *before, ragged, *rest)``
+  on a NestedTensor with one ragged dim, at any place (a transposed tensor too, as NJT):
+  element ``(b, ..., j, ...)`` of sample ``b``; and ``nt[mask] = v`` with a bool NestedTensor ``mask`` of
   ``nt``'s structure (NJT refuses it), ``v`` a scalar or one value per selected element in
   sample order, as for a dense tensor.
 """
@@ -105,24 +105,37 @@ def _unsafe_view_aten(func, nt: NestedTensor, size: Sequence[int]) -> NestedTens
     return restructure(nt, nt._values.reshape(nt._values.shape[0], *static), dims)
 
 
+def _sample_view(nt: NestedTensor, vals: Tensor) -> Tensor:
+    """``vals`` (``nt``'s packed buffer, or one like it) with its dims in sample order: the
+    row dim stands at the ragged dim's place (a view; for one ragged dim)."""
+    order = list(nt.storage_order)
+    perm = [order.index(d) for d in range(nt.sample_dim)]
+    return vals if perm == sorted(perm) else vals.permute(perm)
+
+
 def _index_rows(nt: NestedTensor, indices: Sequence[Any], op: str) -> list[Tensor]:
-    """Index list into ``values`` for NJT-style indices ``(batch, ragged, *rest)``."""
-    if nt._ragged != (0,) or not _natural(nt):
+    """Index list into :func:`_sample_view` of ``values`` for NJT-style indices
+    ``(batch, *before, ragged, *rest)``: the batch and ragged indices combine into packed rows,
+    the other indices keep their place (NJT's rule, also for a transposed tensor whose ragged
+    dim is not sample dim 0)."""
+    if len(nt._ragged) != 1:
         raise NotImplementedError(
-            f"{op}(): index_put on a NestedTensor needs one ragged dim, sample dim 0 "
+            f"{op}(): index_put with index tensors on a NestedTensor needs exactly one ragged dim "
             f"(got ragged sample dims {nt.ragged_dims}); index x.values() (packed rows) instead"
         )
-    if len(indices) < 2 or any(not isinstance(t, Tensor) or isinstance(t, NestedTensor) for t in indices[:2]):
+    r = nt._ragged[0] + 1  # the ragged dim's place in the index list (batch first)
+    if len(indices) <= r or any(not isinstance(t, Tensor) or isinstance(t, NestedTensor) for t in (indices[0], indices[r])):
         raise NotImplementedError(
-            f"{op}(): indices must start with dense integer tensors for the batch dim and the ragged dim "
-            f"(got {len(indices)} index tensors); to write every element of some samples, index x.values() instead"
+            f"{op}(): indices must hold dense integer tensors for the batch dim (index 0) and the ragged dim "
+            f"(index {r}) (got {len(indices)} index tensors); to write every element of some samples, "
+            "index with the batch dim only or index x.values() instead"
         )
     if len(indices) > nt.dim():
         raise IndexError(f"{op}(): too many indices ({len(indices)}) for a NestedTensor of {nt.dim()} dims")
     for k, t in enumerate(indices):
         if t is not None and (t.dtype == torch.bool or t.is_floating_point()):
             raise TypeError(f"{op}(): index {k} must be an integer tensor, got dtype {t.dtype}")
-    b, j = indices[0], indices[1]
+    b, j = indices[0], indices[r]
     offsets = nt.offsets()
     starts, lengths = offsets[:-1], offsets.diff()
     bsz = nt.batch_size
@@ -133,10 +146,10 @@ def _index_rows(nt: NestedTensor, indices: Sequence[Any], op: str) -> list[Tenso
     n = lengths[b]
     torch._assert_async(
         torch.all((j >= -n) & (j < n)),
-        f"{op}(): a ragged index (index 1) is out of range for its sample's length",
+        f"{op}(): a ragged index (index {r}) is out of range for its sample's length",
     )
     rows = starts[b] + torch.where(j < 0, j + n, j)
-    return [rows, *indices[2:]]
+    return [*indices[1:r], rows, *indices[r + 1 :]]
 
 
 def _mask_index(nt: NestedTensor, mask: NestedTensor, op: str) -> Tensor:
@@ -159,17 +172,18 @@ def index_put(func, nt: NestedTensor, indices: Sequence[Any], values: Tensor, ac
         raise NotImplementedError(f"{op}(): supported for a NestedTensor input with dense values only")
     if len(indices) == 1 and isinstance(indices[0], NestedTensor):
         idx = [_mask_index(nt, indices[0], op)]
-    else:
-        idx = _index_rows(nt, list(indices), op)
-    if inplace:
-        nt._values.index_put_(idx, values, accumulate)
-        return nt
-    out = nt._values.index_put(idx, values, accumulate)
-    return restructure(nt, out, keep_all(nt))
+        if inplace:
+            nt._values.index_put_(idx, values, accumulate)
+            return nt
+        return restructure(nt, nt._values.index_put(idx, values, accumulate), keep_all(nt))
+    idx = _index_rows(nt, list(indices), op)
+    out = nt._values if inplace else nt._values.clone()
+    _sample_view(nt, out).index_put_(idx, values, accumulate)  # a view: writes into ``out``
+    return nt if inplace else restructure(nt, out, keep_all(nt))
 
 
 @implements_aten(aten.index.Tensor)
 def index(func, nt: NestedTensor, indices: Sequence[Any]) -> Tensor:
     """``nt[batch, ragged, *rest]`` with integer index tensors (index_put's backward): the dense
     elements ``(batch[k], ragged[k], ...)``."""
-    return nt._values[tuple(_index_rows(nt, list(indices), "index"))]
+    return _sample_view(nt, nt._values)[tuple(_index_rows(nt, list(indices), "index"))]
