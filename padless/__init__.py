@@ -16,6 +16,7 @@ from padless.ops import patch_grid
 from padless.ops.vision import patchify
 from padless.ops import unpatchify
 from padless.ops.common.carried import prepare_for_compile
+from padless.ops.common.padded import padded_reads, strict_padded_reads
 from padless.collate import Batch, Collator, Field, FlatteningCollator, collate  # noqa: F401  (after the op layer)
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
@@ -37,9 +38,11 @@ __all__ = [
     "from_padded",
     "from_values",
     "nested",
+    "padded_reads",
     "patch_grid",
     "patchify",
     "prepare_for_compile",
+    "strict_padded_reads",
     "to_njt",
     "to_padded",
     "unpatchify",

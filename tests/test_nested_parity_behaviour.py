@@ -72,12 +72,16 @@ def test_custom_function_unused_output_two_ragged_dims():
         torch.testing.assert_close(g, d.grad)
 
 
-def test_dense_envelope_operand_outside_backward_is_refused():
-    """Outside a backward pass a dense tensor spanning the ragged dim stays refused (the
-    explicit form is ``padless.from_padded(dense, like=x)``)."""
+def test_dense_envelope_operand_outside_backward_is_read_in_padded_coordinates():
+    """Outside a backward pass a dense tensor of the envelope's extent is read in padded
+    coordinates too (each sample reads its own corner); the strict switch refuses it."""
     x = nested.nested_tensor(_samples([(3, 4), (2, 4)]))
-    with pytest.raises(padless.StructureError, match=r"add\(\): a dense operand of shape \(2, 3, 4\) spans ragged dim 1"):
-        x + torch.zeros(x.shape)
+    d = torch.randn(x.shape)
+    for got, s, di in zip((x + d).unbind(), x.unbind(), d):
+        torch.testing.assert_close(got, s + di[: s.shape[0]])
+    with padless.strict_padded_reads():
+        with pytest.raises(padless.StructureError, match=r"add\(\): reads a dense operand of shape \(2, 3, 4\) in padded coordinates"):
+            x + d
 
 
 class _AddsDenseLeaf(torch.autograd.Function):
@@ -90,13 +94,14 @@ class _AddsDenseLeaf(torch.autograd.Function):
         return g + torch.zeros(g.shape, requires_grad=True)
 
 
-def test_dense_envelope_operand_requiring_grad_in_backward_is_refused():
-    """A padded dense operand that requires grad would get a packed gradient: refused."""
+def test_dense_envelope_operand_requiring_grad_in_backward_is_read():
+    """In a backward without create_graph grad mode is off: a padded dense operand that
+    requires grad is read in padded coordinates like any other."""
     x = nested.nested_tensor(_samples([(3, 4), (2, 4)]), requires_grad=True)
     out = _AddsDenseLeaf.apply(x)
-    msg = r"add\(\): a dense operand of the envelope shape \(2, 3, 4\) that requires grad;.*from_padded\(dense, like=nt\)"
-    with pytest.raises(padless.StructureError, match=msg):
-        out.backward(out.detach())
+    out.backward(out.detach())
+    for g, o in zip(x.grad.unbind(), out.detach().unbind()):
+        torch.testing.assert_close(g, o)
 
 
 def test_copy_between_different_layouts_raises_runtime_error():

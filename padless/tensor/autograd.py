@@ -22,7 +22,7 @@ from torch import Tensor
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, _apply, values_of  # values_of, _apply: also imported from here
 from padless.tensor.dynamo import _is_traced
-from padless.tensor.registry import lend
+from padless.tensor.registry import lend, lent
 from padless.tensor.structure import StructureMeta, _structure_mismatch, static_change
 
 
@@ -136,8 +136,12 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
 
 
 @lend("guard_broadcast")  # NestedTensor.__torch_function__ calls it; core cannot import this module
-def guard_broadcast(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Give the operands of a broadcasting elementwise call a gradient checkpoint.
+def guard_broadcast(args: tuple, kwargs: dict, func=None) -> tuple[tuple, dict]:
+    """Give the operands of a broadcasting elementwise call ``func`` a gradient checkpoint.
+
+    First, a dense operand that requires grad and is read in padded coordinates becomes a
+    NestedTensor through a gather autograd records (``padded_operands``, lent by
+    :mod:`padless.ops.common.padded`), so its gradient is dense and scatters back.
 
     Autograd only knows padded envelopes: it reduces a broadcast operand's gradient
     (``sum_to_size``) only where the operand's shape differs from the result's. Two cases
@@ -160,6 +164,9 @@ def guard_broadcast(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     nts = [a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor)]
     if not nts:
         return args, kwargs
+    if any(isinstance(a, Tensor) and not isinstance(a, NestedTensor) and a.requires_grad for a in (*args, *kwargs.values())):
+        args, kwargs = lent("padded_operands")(func, args, kwargs)
+        nts = [a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor)]
     ref = nts[0]
     ndim, b = ref.sample_dim, ref.batch_size
     dense = [

@@ -153,9 +153,7 @@ def getitem_(func, nt: NestedTensor, index):
 @implements(torch.Tensor.unbind, torch.unbind)
 def unbind(func, nt: NestedTensor, dim: int = 0):
     if dim != 0:
-        raise NotImplementedError(
-            f"unbind(): only dim=0 (the batch dim) is supported on a NestedTensor, got dim={dim}"
-        )
+        return lent("unbind_static")(nt, dim)  # a static dim: NestedTensors (padless.ops.rows.shape_idioms)
     return unbind_samples(nt)
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 from typing import Any, Sequence
 
 import torch
@@ -339,6 +338,54 @@ def _check_sizes(host_sizes: Tensor, what: str) -> None:
         )
 
 
+INT64_MAX = (1 << 63) - 1
+
+
+def _check_counts_fit(counts: Tensor, what: str, sizes: Tensor | None = None) -> None:
+    """Host row counts (``>= 0``) whose running sum stays in int64: offsets that would wrap
+    around raise, naming the sample. One cumsum and one min (a wrapped sum goes negative)."""
+    if counts.numel() == 0:
+        return
+    cs = torch.cumsum(counts, 0)
+    if int(cs.min()) < 0:
+        i = int((cs < 0).nonzero()[0, 0])
+        shape = f" (shape {tuple(sizes[i].tolist())})" if sizes is not None else ""
+        raise StructureError(
+            f"{what}: the row counts' cumulative sum passes the int64 range at sample {i}{shape}, "
+            f"which has {int(counts[i])} rows: the offsets would wrap around"
+        )
+
+
+def _check_products_fit(host_sizes: Tensor, ragged: Sequence[int], what: str) -> None:
+    """Every sample's row count (the product of its ragged extents) fits int64: a float screen,
+    then an exact product for the samples near the limit."""
+    if not ragged or host_sizes.shape[0] == 0:
+        return
+    ext = host_sizes[:, list(ragged)]
+    near = (ext.double().log2().sum(1) > 62.0).nonzero().flatten().tolist()  # log2(0) = -inf: fine
+    for i in near:
+        n = 1
+        for e in ext[i].tolist():
+            n *= e
+        if n > INT64_MAX:
+            raise StructureError(
+                f"{what}: sample {i} has shape {tuple(host_sizes[i].tolist())}, whose {n} rows (the product of "
+                f"its ragged extents along dims {tuple(ragged)}) pass the int64 range"
+            )
+
+
+def _check_envelope_fits(b: int, env: Sequence[int], what: str) -> None:
+    """The padded envelope ``(B, *env)`` has a numel torch can hold (its shape is the tensor's shape)."""
+    n = b
+    for e in env:
+        n *= int(e)
+    if n > INT64_MAX:
+        raise StructureError(
+            f"{what}: the padded envelope {(b, *(int(e) for e in env))} has {n} elements, past the int64 range "
+            "torch allows for a tensor's shape"
+        )
+
+
 def _check_offsets(offsets: Tensor, total: int, what: str) -> None:
     if offsets.dim() != 1 or offsets.numel() < 1:
         raise StructureError(f"{what}: offsets must be 1-D with B+1 entries, got shape {tuple(offsets.shape)}")
@@ -346,9 +393,9 @@ def _check_offsets(offsets: Tensor, total: int, what: str) -> None:
     o = offsets.cpu()
     if int(o[0]) != 0:
         raise StructureError(f"{what}: offsets must start at 0, got offsets[0]={int(o[0])}")
-    d = o[1:] - o[:-1]
-    if bool((d < 0).any()):
-        i = int((d < 0).nonzero()[0, 0])
+    dec = o[1:] < o[:-1]  # compared, not subtracted: a difference of int64 offsets can wrap
+    if bool(dec.any()):
+        i = int(dec.nonzero()[0, 0])
         raise StructureError(
             f"{what}: offsets must be non-decreasing: offsets[{i}]={int(o[i])} > offsets[{i + 1}]={int(o[i + 1])}"
         )
@@ -409,6 +456,8 @@ def from_values(
         host_sizes = sizes.cpu() if validate or max_seqlen is None else None
         if host_sizes is not None:
             _check_sizes(host_sizes, what)
+            _check_products_fit(host_sizes, ragged, what)
+            _check_counts_fit(layout.row_counts(host_sizes, ragged), what, host_sizes)
             sd = layout.static_dims(ndim, ragged)
             if sd and not bool((host_sizes[:, list(sd)] == torch.tensor(static)).all()):
                 bad = int((host_sizes[:, list(sd)] != torch.tensor(static)).any(1).nonzero()[0, 0])
@@ -439,6 +488,7 @@ def from_values(
                 if bool((hl < 0).any()):
                     i = int((hl < 0).nonzero()[0, 0])
                     raise StructureError(f"{what}: lengths must be >= 0, sample {i} has {int(hl[i])}")
+                _check_counts_fit(hl, what)
                 if int(hl.sum()) != total:
                     raise StructureError(
                         f"{what}: lengths and values disagree: lengths sum to {int(hl.sum())} "
@@ -492,6 +542,8 @@ def from_values(
             env[d] = s
     else:
         env = envelope_from_sizes(host_sizes, ragged, static)
+    if host_sizes is not None:
+        _check_envelope_fits(host_sizes.shape[0], env, what)
     meta = StructureMeta(host_sizes, host_offsets)
     offsets_dev = offsets.to(dev, torch.int64)
     sizes_dev = sizes.to(dev)

@@ -29,6 +29,7 @@ from padless.tensor.structure import (
     _structure_mismatch,
     carried_metadata,
     carry_on,
+    handed_out,
     restore_metadata,
     static_change,
 )
@@ -233,7 +234,7 @@ class NestedTensor(Tensor):
             if fast is not None and not torch.compiler.is_compiling():
                 if not _needs_grad(args, kwargs):
                     return fast(func, args, kwargs)
-                args, kwargs = (_guard_broadcast or _borrow("guard_broadcast"))(args, kwargs)
+                args, kwargs = (_guard_broadcast or _borrow("guard_broadcast"))(args, kwargs, func)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
                 return func(*args, **kwargs)
@@ -283,36 +284,53 @@ class NestedTensor(Tensor):
         return values_of(self)
 
     def offsets(self) -> Tensor:
-        """Row offsets into ``values``, int64 ``(B+1,)`` on the values' device. Never syncs."""
-        return self._offsets
+        """Row offsets into ``values``, int64 ``(B+1,)`` on the values' device. Never syncs.
+
+        A copy, made once per structure and cached (see
+        :func:`padless.tensor.structure.handed_out`): writing into it (``z.offsets()[1] = 1``)
+        leaves ``z`` intact, and the next call hands out a fresh copy.
+        """
+        return handed_out(self._meta, "offsets", self._offsets)
 
     def sizes(self) -> Tensor:
-        """Exact shape of every sample, int64 ``(B, D)`` on the values' device. Never syncs."""
-        return self._sizes
+        """Exact shape of every sample, int64 ``(B, D)`` on the values' device. Never syncs.
+
+        A copy made once per structure, like :meth:`offsets` (writes into it leave ``z`` intact).
+        """
+        return handed_out(self._meta, "sizes", self._sizes)
 
     def lengths(self) -> Tensor:
-        """Length of every sample along the only ragged dim, int64 ``(B,)``. Never syncs."""
+        """Length of every sample along the only ragged dim, int64 ``(B,)``. Never syncs.
+
+        A view of :meth:`sizes`' copy (writes into it leave ``z`` intact).
+        """
         if len(self._ragged) != 1:
-            raise ValueError(
+            raise StructureError(
                 f"lengths(): this NestedTensor has {len(self._ragged)} ragged dims {self.ragged_dims}; "
                 "lengths() needs exactly one. Use sizes()[:, d] for ragged dim d."
             )
-        return self._sizes[:, self._ragged[0]]
+        return self.sizes()[:, self._ragged[0]]
 
     def host_sizes(self) -> Tensor:
         """``sizes`` on the CPU. Cached; syncs once only if the batch was built on a device
-        without host metadata (collated batches always carry it)."""
+        without host metadata (collated batches always carry it).
+
+        A copy made once per structure, like :meth:`offsets` (writes into it leave ``z`` intact).
+        """
         m = self._meta
         if m.host_sizes is None:
             m.host_sizes = self._sizes.cpu()
-        return m.host_sizes
+        return handed_out(m, "host_sizes", m.host_sizes)
 
     def host_offsets(self) -> Tensor:
-        """``offsets`` on the CPU. Cached; same sync rule as :meth:`host_sizes`."""
+        """``offsets`` on the CPU. Cached; same sync rule as :meth:`host_sizes`.
+
+        A copy made once per structure, like :meth:`offsets` (writes into it leave ``z`` intact).
+        """
         m = self._meta
         if m.host_offsets is None:
             m.host_offsets = self._offsets.cpu()
-        return m.host_offsets
+        return handed_out(m, "host_offsets", m.host_offsets)
 
     def cu_seqlens(self) -> Tensor:
         """Row offsets as int32 on the values' device (flash-attention's ``cu_seqlens``).
@@ -345,7 +363,7 @@ class NestedTensor(Tensor):
         """
         if dim is None:
             if len(self._ragged) != 1:
-                raise ValueError(
+                raise StructureError(
                     f"max_seqlen(): this NestedTensor has ragged dims {self.ragged_dims}; pass dim="
                 )
             dim = self._ragged[0]
@@ -505,7 +523,16 @@ def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_o
     Nothing read from a file is trusted: the structure is checked and the envelope
     recomputed (:func:`padless.tensor.validate.check_structure`), and carried caches are
     validated before they are installed.
+
+    ``map_location="meta"`` is refused: a meta tensor holds no data, so the structure
+    could be neither checked nor known (the envelope is computed from the sizes).
     """
+    if any(isinstance(t, Tensor) and t.is_meta for t in (values, offsets, sizes, host_sizes, host_offsets)):
+        raise NotImplementedError(
+            "NestedTensor (unpickled): loading on the meta device (map_location='meta') is not supported: "
+            "a NestedTensor's structure (offsets, sizes) is data that must be read to be checked. "
+            "Load it on 'cpu' (then .to('meta') if you only need shapes and dtypes)"
+        )
     ragged, env, host_sizes, host_offsets = validate.check_structure(
         values, offsets, sizes, ragged, host_sizes, host_offsets
     )

@@ -296,3 +296,33 @@ def check_same_structure(opname: str, a, b) -> None:
     msg = _structure_mismatch(a, b, opname)
     if msg is not None:
         raise StructureError(f"{opname}(): ragged structures differ: {msg}")
+
+
+def handed_out(meta: StructureMeta, name: str, src: Tensor) -> Tensor:
+    """The copy of the structure tensor ``src`` that the public accessors hand out.
+
+    torch has no cheap read-only tensor, so callers get a copy instead of the tensor
+    the structure is made of: one copy per structure (cached in its metadata, shared by
+    every NestedTensor of that structure), made again only after someone wrote into it
+    in place (its version counter moved). A write into what an accessor returned
+    therefore never reaches the structure ops read (they read ``_offsets``/``_sizes``
+    and the host metadata directly). The copy never syncs (on a device it is an
+    asynchronous device copy); under tracing the tensor itself is returned (graphs are
+    functional). Writes that bypass torch's version counter (``.numpy()``, ``.data``)
+    change the cached copy, never the structure.
+    """
+    if _is_traced(src):
+        return src
+    if src.is_inference():  # no version counter to watch: a fresh copy each call
+        return src.clone()
+    key = ("handed_out", name)
+    d = meta.derived
+    hit = d.get(key)
+    if hit is not None and hit[0] is src and hit[1]._version == hit[2]:
+        return hit[1]
+    if src.device.type == "cpu" and src.is_pinned():  # a pinned batch's host metadata stays pinned
+        out = torch.empty_like(src, pin_memory=True).copy_(src)
+    else:
+        out = src.clone()
+    d[key] = (src, out, out._version)
+    return out

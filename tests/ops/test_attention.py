@@ -141,8 +141,8 @@ def test_explain_says_why():
 
 def test_errors():
     (q, _), (k, _), (v, _) = _qkv()
-    with pytest.raises(TypeError, match=r"attn_mask must be a NestedTensor of per-sample \(L_i, S_i\) masks"):
-        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(5, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"a dense attn_mask of shape \(6, 4\) has extent 6 along dim -2, where the envelope has 5"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(6, 4, dtype=torch.bool))
     bad = padless.from_list([torch.ones(2, 2, dtype=torch.bool)] * 4, ragged_dims=(0, 1))
     with pytest.raises(ValueError, match=r"attn_mask sample 0 has shape \(2, 2\), expected \(\.\.\., 3, 4\)"):
         F.scaled_dot_product_attention(q, k, v, attn_mask=bad)

@@ -271,8 +271,8 @@ def test_row_attention_errors_name_the_sample():
 
 def test_sdpa_layout_errors():
     qt = _pairs([3, 2], 1)[0].transpose(2, 3)  # (N_i, H, N_i, E)
-    with pytest.raises(padless.StructureError, match=r"attn_mask must be a NestedTensor of per-sample masks; a dense mask of shape \(3, 3\)"):
-        F.scaled_dot_product_attention(qt, qt, qt, attn_mask=torch.zeros(3, 3))
+    with pytest.raises(padless.StructureError, match=r"a dense attn_mask of shape \(4, 3\) has extent 4 along dim -2, where the envelope has 3"):
+        F.scaled_dot_product_attention(qt, qt, qt, attn_mask=torch.zeros(4, 3))
     bad = padless.from_list([torch.zeros(H, 3, 3), torch.zeros(H, 3, 3)], ragged_dims=(1, 2))
     with pytest.raises(padless.StructureError, match=r"attn_mask sample 1 has shape \(2, 3, 3\), which does not broadcast to that sample's attention scores \(2, 2, 2, 2\)"):
         F.scaled_dot_product_attention(qt, qt, qt, attn_mask=bad)

@@ -186,8 +186,8 @@ def test_mismatched_structures_raise_with_sample_and_shapes():
 
 def test_dense_operand_spanning_ragged_dim_raises():
     nt = padless.from_list([torch.randn(2, 4), torch.randn(3, 4)])
-    with pytest.raises(ValueError, match=r"mul\(\): a dense operand of shape \(3, 4\) spans ragged dim 1 \(size 3\)"):
-        nt * torch.randn(3, 4)
+    with pytest.raises(ValueError, match=r"mul\(\): a dense operand of shape \(4, 4\) spans ragged dim 1 \(size 4\)"):
+        nt * torch.randn(4, 4)  # (3, 4), the envelope's extent, is read in padded coordinates
     with pytest.raises(ValueError, match=r"has 5 entries on the batch dim, the NestedTensor has 2 samples"):
         nt * torch.randn(5, 1, 4)
     with pytest.raises(ValueError, match="more dims than the NestedTensor"):

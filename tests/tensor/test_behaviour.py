@@ -109,7 +109,8 @@ def test_share_memory_():
     nt, _ = make_batch("seq")
     assert not nt.is_shared()
     assert nt.share_memory_() is nt
-    assert nt.is_shared() and nt.offsets().is_shared() and nt.sizes().is_shared()
+    # the structure itself is shared (offsets()/sizes() hand out copies: issue 25, item 7)
+    assert nt.is_shared() and nt._offsets.is_shared() and nt._sizes.is_shared()
 
 
 def test_is_pinned_false_on_cpu_tensor():

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops.common import padded
 from padless.ops.common.structure import call
 from padless.ops.attention.rows_compiled import ragged_sdpa, sample_sdpa
 from padless.tensor.layout import sample_view
@@ -118,7 +119,7 @@ def attention_rows(
     broadcast against each sample's scores; False drops a key (combined with ``attn_mask``).
     """
     if mask_mod is not None or score_mod is not None:
-        raise ValueError(
+        raise StructureError(
             f"{op}(): mask_mod/score_mod need samples (..., L_i, E) whose only ragged dim is the sequence; "
             f"query has ragged dims {query.ragged_dims} (pass an attn_mask NestedTensor instead)"
         )
@@ -145,6 +146,11 @@ def attention_rows(
 def _dense_mask_rows(op: str, mask: Tensor, q: NestedTensor) -> Tensor:
     """A dense mask for every sample, as a mask of the packed rows ``(1, *static)``."""
     d = q.sample_dim
+    if mask.dim() <= d + 1:  # in padded coordinates: (B or 1, ..., envelope extents at ragged dims)
+        aligned = (1,) * (d + 1 - mask.dim()) + tuple(mask.shape)
+        ext = [aligned[1 + r] for r in q._ragged]
+        if all(n in (1, q._env[r]) for n, r in zip(ext, q._ragged)) and padded.padded_extents(op, aligned, q, mask.shape):
+            return padded.read_rows(op, mask, q, aligned)
     if mask.dim() > d:
         raise StructureError(
             f"{op}(): a dense attn_mask applies to every sample, so it has at most the sample rank {d} dims; "
@@ -226,12 +232,16 @@ def _check_samples(op: str, q, k, v, masks: dict[str, NestedTensor], enable_gqa:
 
 
 def _per_sample_layout(op, q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa) -> NestedTensor:
+    dense_mask = None
     if attn_mask is not None and not isinstance(attn_mask, NestedTensor):
-        raise StructureError(
-            f"{op}(): with a ragged sequence dim (query ragged dims {q.ragged_dims}) attn_mask must be a "
-            f"NestedTensor of per-sample masks; a dense mask of shape {tuple(attn_mask.shape)} has no "
-            "per-sample meaning (e.g. a pair bias: bias.permute(0, 3, 1, 2), samples (H, N_i, N_i))"
-        )
+        if _is_traced(q._values):
+            raise StructureError(
+                f"{op}(): with a ragged sequence dim (query ragged dims {q.ragged_dims}) under torch.compile "
+                f"attn_mask must be a NestedTensor of per-sample masks; a dense mask of shape "
+                f"{tuple(attn_mask.shape)} in padded coordinates is read eagerly only (e.g. a pair bias: "
+                "bias.permute(0, 3, 1, 2), samples (H, N_i, N_i))"
+            )
+        dense_mask, attn_mask = _dense_masks(op, attn_mask, q, k), None
     masks = {name: m for name, m in (("attn_mask", attn_mask), ("key mask", keep)) if m is not None}
     for name, m in masks.items():
         if m.batch_size != q.batch_size:
@@ -244,7 +254,18 @@ def _per_sample_layout(op, q, k, v, attn_mask, keep, dropout_p, is_causal, scale
             )
         return rewrap(_traced(q, k, v, attn_mask, keep, is_causal, scale, enable_gqa), q)
     _check_samples(op, q, k, v, masks, enable_gqa)
-    return rewrap(_eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa), q)
+    return rewrap(_eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa, dense_mask), q)
+
+
+def _dense_masks(op: str, mask: Tensor, q: NestedTensor, k: NestedTensor) -> list[Tensor]:
+    """A dense mask in padded coordinates ``(B or 1, *score envelope)`` as per-sample views:
+    sample i reads its own window (:func:`padless.ops.common.padded.dense_samples`)."""
+    hq, hk = q.host_sizes().tolist(), k.host_sizes().tolist()
+    d = q.sample_dim
+    extents = [hq[i][:-1] + [hk[i][-2]] for i in range(q.batch_size)]
+    envelope = list(q._env[:-1]) + [k._env[-2]]
+    ragged = [j for j in range(d - 1) if j in q._ragged] + ([d - 1] if d - 2 in k._ragged else [])
+    return padded.dense_samples(op, "attn_mask", mask, extents, envelope, ragged, q)
 
 
 class _SampleViews(torch.autograd.Function):
@@ -292,7 +313,7 @@ class _PackRows(torch.autograd.Function):
         return (None, None, None, *views)
 
 
-def _eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa) -> Tensor:
+def _eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa, dense_mask=None) -> Tensor:
     """One SDPA call per sample on views of its rows (rows of a pair sample are its batch)."""
     cache: dict[int, tuple[Tensor, ...]] = {}
 
@@ -306,6 +327,8 @@ def _eager(q, k, v, attn_mask, keep, dropout_p, is_causal, scale, enable_gqa) ->
         return cache[id(t)]
 
     qs, ks, vs, ms, kp = samples(q), samples(k), samples(v), samples(attn_mask), samples(keep)
+    if dense_mask is not None:
+        ms = dense_mask
     outs = [
         sample_sdpa(
             qs[i], ks[i], vs[i], None if ms is None else ms[i], None if kp is None else kp[i],

@@ -61,9 +61,11 @@ from torch import Tensor
 
 from padless.ops.attention import sdpa_compiled as attention_compiled
 from padless.ops.attention import rows as attention_rows
+from padless.ops.common import padded
 from padless.tensor.autograd import rewrap, split_rows, values_of
 from padless.tensor.convert import unbind_samples
 from padless.tensor.core import NestedTensor, _is_traced, _structure_mismatch
+from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
 
 log = logging.getLogger("padless.attention")
@@ -91,7 +93,7 @@ def _seq_dim(op: str, nt: NestedTensor, name: str) -> int:
     if d < 2:
         raise ValueError(f"{op}(): {name} samples must be (..., L, E), got rank {d}")
     if nt._ragged != (d - 2,):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): {name} must have exactly one ragged dim, the sequence dim {d - 1} "
             f"(samples (..., L_i, E)); it has ragged dims {tuple(r + 1 for r in nt.ragged_dims)}. "
             "For (L_i, H, E) samples use x.transpose(1, 2)."
@@ -386,21 +388,23 @@ def attention(
     _seq_dim(op, key, "key")
     _seq_dim(op, value, "value")
     if not (query.batch_size == key.batch_size == value.batch_size):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): batch sizes differ: query {query.batch_size}, key {key.batch_size}, value {value.batch_size}"
         )
     if _structure_mismatch(key, value) is not None:
-        raise ValueError(f"{op}(): key and value must have the same ragged structure: {_structure_mismatch(key, value)}")
+        raise StructureError(f"{op}(): key and value must have the same ragged structure: {_structure_mismatch(key, value)}")
     masks = None
     traced = _is_traced(query._values)
     if attn_mask is not None:
         if not isinstance(attn_mask, NestedTensor):
-            raise TypeError(
-                f"{op}(): attn_mask must be a NestedTensor of per-sample (L_i, S_i) masks; a dense "
-                f"mask of shape {tuple(attn_mask.shape)} has no per-sample meaning (use is_causal, or build "
-                "the mask per sample with padless.from_list)"
-            )
-        if traced:
+            if traced:
+                raise TypeError(
+                    f"{op}(): under torch.compile attn_mask must be a NestedTensor of per-sample (L_i, S_i) "
+                    f"masks; a dense mask of shape {tuple(attn_mask.shape)} in padded coordinates is read "
+                    "eagerly only (padless.from_padded(mask, like=scores) makes one)"
+                )
+            masks = _dense_masks(op, attn_mask, query, key)
+        elif traced:
             attention_compiled.check_mask_layout(op, attn_mask)  # per-sample shapes: checked when the op runs
         else:
             masks = unbind_samples(attn_mask)
@@ -432,11 +436,22 @@ _MODS_UNDER_COMPILE = (
 )
 
 
+def _dense_masks(op: str, mask: Tensor, q: NestedTensor, k: NestedTensor) -> list[Tensor]:
+    """A dense mask in padded coordinates, ``(B or 1, ..., max L_q, max L_k)`` (extent 1 where it
+    broadcasts), as per-sample views: sample i reads ``[..., :L_q_i, :L_k_i]``."""
+    hq, hk = q.host_sizes().tolist(), k.host_sizes().tolist()
+    lead = list(q._env[:-2])
+    extents = [hq[i][:-1] + [hk[i][-2]] for i in range(q.batch_size)]
+    envelope = lead + [q._env[-2], k._env[-2]]
+    d = q.sample_dim
+    return padded.dense_samples(op, "attn_mask", mask, extents, envelope, (d - 2, d - 1), q)
+
+
 def _check_masks(op: str, masks, q: NestedTensor, k: NestedTensor) -> None:
     lq, lk = q.host_sizes()[:, q.sample_dim - 2].tolist(), k.host_sizes()[:, k.sample_dim - 2].tolist()
     for i, m in enumerate(masks):
         if m.dim() < 2 or m.shape[-2:] != (lq[i], lk[i]):
-            raise ValueError(
+            raise StructureError(
                 f"{op}(): attn_mask sample {i} has shape {tuple(m.shape)}, expected (..., {lq[i]}, {lk[i]}) "
                 "(query length x key length of that sample)"
             )

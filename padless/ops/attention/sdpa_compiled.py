@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.tensor.errors import StructureError
 from padless.tensor.traced import autograd_inside_op
 
 
@@ -208,7 +209,7 @@ _MASK_MSG = "scaled_dot_product_attention(): attn_mask sample {i} has shape {sha
 def _mask_view(rows: Tensor, shape: list[int], i: int, lq: int, lk: int) -> Tensor:
     """Sample ``i``'s packed mask rows ``(L_i*S_i, *static)`` as its ``(*static, L_i, S_i)`` mask."""
     if shape[-2:] != [lq, lk]:
-        raise ValueError(_MASK_MSG.format(i=i, shape=tuple(shape), lq=lq, lk=lk))
+        raise StructureError(_MASK_MSG.format(i=i, shape=tuple(shape), lq=lq, lk=lk))
     return rows.reshape(lq, lk, *rows.shape[1:]).permute(*range(2, len(shape)), 0, 1)
 
 
@@ -329,7 +330,7 @@ def check_mask_layout(op: str, attn_mask) -> None:
     runtime data there, checked by the op when it runs)."""
     d = attn_mask.sample_dim
     if d < 2 or attn_mask._ragged != (d - 2, d - 1):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): under torch.compile attn_mask must be a NestedTensor of (..., L_i, S_i) samples whose "
             f"last two dims are ragged, stored in that order; it has rank {d} and ragged dims "
             f"{tuple(r + 1 for r in attn_mask._ragged)} in storage order. Build it with "

@@ -8,4 +8,5 @@
 * :mod:`~padless.ops.common.carried`: row maps carried through ``torch.compile``
 * :mod:`~padless.ops.common.size_groups`: dense ops batched by sample shape
 * :mod:`~padless.ops.common.seq_first`: the sequence-first view of batch_first modules
+* :mod:`~padless.ops.common.padded`: dense operands in padded coordinates, the strict switch
 """

@@ -43,7 +43,7 @@ class Plan:
     keepalive: tuple = ()
 
 
-def _fail(opname: str, hs: Sequence[Tensor], b: int) -> ValueError:
+def _fail(opname: str, hs: Sequence[Tensor], b: int) -> StructureError:
     """Name the first pair of operands whose shapes clash in sample ``b``."""
 
     def clash(x: Tensor, y: Tensor) -> bool:
@@ -51,7 +51,7 @@ def _fail(opname: str, hs: Sequence[Tensor], b: int) -> ValueError:
 
     pairs = [(i, j) for i in range(len(hs)) for j in range(i + 1, len(hs))]
     i, j = next(((i, j) for i, j in pairs if clash(hs[i][b], hs[j][b])), (0, 1))
-    return ValueError(
+    return StructureError(
         f"{opname}(): ragged structures differ: sample {b} has {_fmt_shape(hs[i][b].tolist())}, "
         f"other has {_fmt_shape(hs[j][b].tolist())} (extents must agree or be 1 in every dim of every sample)"
     )

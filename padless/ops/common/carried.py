@@ -150,7 +150,7 @@ def prepare_for_compile(nt: NestedTensor, pairs: bool = True, pairs_with: Nested
         _prepare_rect(nt, pairs_with)
     elif pairs:
         if len(nt._ragged) != 1:
-            raise ValueError(
+            raise StructureError(
                 f"prepare_for_compile(pairs=True): the batch has ragged dims {nt.ragged_dims}; pair maps "
                 "are built for batches with exactly one ragged dim (samples (N_i, ...))"
             )
@@ -165,7 +165,7 @@ def _prepare_rect(x: NestedTensor, y: NestedTensor) -> None:
         raise TypeError(f"{op}: pairs_with must be a NestedTensor, got {type(y).__name__}")
     for name, t in (("nt", x), ("pairs_with", y)):
         if len(t._ragged) != 1 or t._ragged != (0,):
-            raise ValueError(
+            raise StructureError(
                 f"{op}: {name} has ragged dims {t.ragged_dims}; rectangular pairs are built from two "
                 "batches with samples (N_i, ...) ragged along dim 1 only"
             )

@@ -9,9 +9,9 @@ pow, their in-place and backward variants...) runs once on the packed
 * a dense tensor that broadcasts against the static tail, e.g. ``(C,)`` against
   samples ``(L_i, C)`` -> a view over the static dims;
 * a dense tensor with a per-sample batch dim, e.g. ``(B, 1, C)`` -> gathered per row;
-* during backward only, a dense tensor of the envelope shape: the zeros autograd
-  makes for a custom Function's unused output, read as a padded batch
-  (:func:`_engine_zeros_rows`).
+* a dense tensor whose extent along a ragged dim is the envelope's: read in padded
+  coordinates, one cached gather (:mod:`padless.ops.common.padded`). This covers the
+  zeros autograd makes for a custom Function's unused output during backward.
 
 Any other dense operand that spans a ragged dim (size > 1 there) has no per-sample
 meaning and is refused with a message naming the dim.
@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from padless.ops.common import padded
 from padless.tensor.core import NestedTensor, _structure_mismatch, wrap_like
 from padless.tensor.registry import lend
 from padless.tensor.errors import StructureError
@@ -54,15 +55,15 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
             f"NestedTensor (envelope {tuple(ref.shape)}); broadcasting would add a batch dim"
         )
     aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
-    for r in ref._ragged:
-        if aligned[1 + r] != 1:
-            if _in_backward() and _padded_like(d, ref):
-                return _engine_zeros_rows(opname, d, ref)
+    if padded.padded_extents(opname, aligned, ref, d.shape):
+        if d.requires_grad and torch.is_grad_enabled():
             raise StructureError(
-                f"{opname}(): a dense operand of shape {tuple(d.shape)} spans ragged dim {r + 1} "
-                f"(size {aligned[1 + r]}); a dense tensor can only broadcast over ragged dims with "
-                "size 1. Make it a NestedTensor of the same structure, or reduce that dim."
+                f"{opname}(): a dense operand of the envelope shape {tuple(d.shape)} that requires grad; "
+                "autograd cannot hand a packed gradient to a dense tensor here (an in-place op, or an op "
+                "without a torch-level path). Write it out of place (x = x + d), or convert it first: "
+                "padless.from_padded(dense, like=nt)"
             )
+        return padded.read_rows(opname, d, ref, aligned)
     static = [s for s in range(ref.sample_dim) if s not in ref._ragged]
     rows = d.reshape(aligned[0], *[aligned[1 + s] for s in static])
     b = aligned[0]
@@ -74,49 +75,6 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
             f"the NestedTensor has {ref.batch_size} samples"
         )
     return rows.index_select(0, ref.row_sample_ids())
-
-
-def _in_backward() -> bool:
-    """True while the autograd engine runs a backward pass (in this thread)."""
-    return torch._C._current_graph_task_id() != -1
-
-
-def _padded_like(d: Tensor, ref: NestedTensor) -> bool:
-    """``d`` has ``ref``'s envelope shape, up to static dims of extent 1 on either side
-    (broadcasting), e.g. ``(B, max L, 1)`` against ``(B, max L, C)``."""
-    env = tuple(ref.shape)
-    if d.dim() != len(env) or d.shape[0] != env[0]:
-        return False
-    ragged = {r + 1 for r in ref._ragged}
-    return all(
-        d.shape[i] == env[i] if i in ragged else d.shape[i] in (env[i], 1) or env[i] == 1
-        for i in range(1, len(env))
-    )
-
-
-def _engine_zeros_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
-    """During backward, a dense operand of ``ref``'s envelope shape (static dims may
-    broadcast) is read as a padded batch: each sample reads its own leading corner
-    (``from_padded(d, like=ref)``).
-
-    This is what the autograd engine hands a custom ``autograd.Function`` for an output whose
-    gradient is None: zeros of that output's ``shape`` (which may differ from the other
-    outputs' in static dims), dense, because padless tensors are not
-    C++ nested tensors (torch builds NJT zeros with ``zeros_like`` only for those). NJT code
-    such as ``return grad_out1 + grad_out2`` in a backward then works unchanged. Outside a
-    backward pass such an operand is refused as before (``from_padded(d, like=nt)`` is the
-    explicit form), and so is one that requires grad, which autograd would give a packed
-    gradient.
-    """
-    if d.requires_grad:
-        raise StructureError(
-            f"{opname}(): a dense operand of the envelope shape {tuple(d.shape)} that requires grad; "
-            "autograd cannot hand a packed gradient to a dense tensor. Convert it first: "
-            "padless.from_padded(dense, like=nt)"
-        )
-    from padless.tensor.convert import pack_like
-
-    return pack_like(d, ref)._values
 
 
 @functools.lru_cache(maxsize=None)

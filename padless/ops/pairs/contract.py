@@ -28,7 +28,7 @@ from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
 from padless.ops.pairs.triangle import traced_pair_einsum
-from padless.tensor.core import NestedTensor, _is_traced
+from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
 
@@ -46,6 +46,40 @@ def per_sample(
     if not outs:
         raise StructureError(f"{op}(): empty batch")
     return from_list(outs, ragged_dims=out_ragged, keep_history=True)
+
+
+def check_contraction(
+    op: str, operands: Sequence[NestedTensor], dims: Sequence[Sequence[int | None]], ones_broadcast: bool = False
+) -> None:
+    """Raise :class:`StructureError` unless, in every sample, the sample dims contracted together
+    (``dims[k][j]``: operand ``j``'s dim for contraction ``k``, or None) have one extent
+    (``ones_broadcast``: or extent 1, as einsum allows).
+
+    A mismatch here is a structure mismatch (the lengths of sample ``i`` differ), named by
+    sample, instead of the per-sample shape error torch would raise. Under compile sizes are
+    runtime data and the per-sample op checks them."""
+    if any(_is_traced(o._sizes) for o in operands) or any(o.batch_size != operands[0].batch_size for o in operands):
+        return
+    key = ("contraction", tuple(id(o._meta) for o in operands), tuple(tuple(g) for g in dims), ones_broadcast)
+    derived = operands[0]._meta.derived
+    if key in derived:  # checked before for these structures (a deep stack checks once)
+        return
+    hs = [o.host_sizes() for o in operands]
+    for group in dims:
+        cols = [hs[j][:, d] for j, d in enumerate(group) if d is not None]
+        for c in cols[1:]:
+            clash = c != cols[0]
+            if ones_broadcast:
+                clash &= (c != 1) & (cols[0] != 1)
+            bad = clash.nonzero()
+            if len(bad):
+                i = int(bad[0, 0])
+                shapes = ", ".join(_fmt_shape(h[i].tolist()) for h in hs)
+                raise StructureError(
+                    f"{op}(): ragged structures differ: sample {i} contracts dims of extents "
+                    f"{int(cols[0][i])} and {int(c[i])} (sample shapes {shapes})"
+                )
+    derived[key] = [o._meta for o in operands]  # keeps the metadata alive, so the ids stay theirs
 
 
 def _ragged_set(nt: NestedTensor) -> set[int]:
@@ -161,6 +195,7 @@ def matmul(func, a=None, b=None, **kwargs) -> Tensor:
     if nb and not na:
         return _matmul_dense_nested("matmul", a, b)
     out_ragged = _matmul_out_ragged(a, b)
+    check_contraction("matmul", [a, b], [[a.sample_dim - 1, b.sample_dim - 2]])
     fused = grouped.matmul_nested(a, b)  # one Triton launch on CUDA (kernels.dispatch), else None
     if fused is not None:
         return fused
@@ -184,6 +219,7 @@ def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kw
                 "bmm(): expects a NestedTensor with 2-D samples and, as mat2, another such NestedTensor or a "
                 "dense (B, m, p) tensor (use matmul for other ranks)"
             )
+    check_contraction("bmm", [a, b], [[1, 0]])
     return per_sample("bmm", torch.mm, [a, b], _matmul_out_ragged(a, b))
 
 
@@ -226,6 +262,8 @@ def einsum(func, equation: str, *operands) -> Tensor:
     if not summed or len(order) <= largest:
         return _einsum_broadcast(ins, out, summed, order, operands)
     out_ragged = tuple(i for i, c in enumerate(out[1:]) if c in ragged_letters)
+    letters = dict.fromkeys("".join(s[1:] for s in ins))
+    check_contraction("einsum", operands, [[s.index(c, 1) - 1 if c in s[1:] else None for s in ins] for c in letters], True)
     if _is_traced(operands[0]._values):  # compiled: triangle products as one custom op
         traced = traced_pair_einsum(ins, out, operands)
         if traced is not None:

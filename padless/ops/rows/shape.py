@@ -35,12 +35,14 @@ from padless.tensor.core import (
     _is_traced,
 )
 from padless.ops.common.host import from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
+from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
+from padless.ops.rows.windows import take_windows
 from padless.tensor.registry import implements, lend
 from padless.tensor.errors import StructureError
 from padless.tensor.traced import traced_max
 
 @implements(torch.reshape, torch.Tensor.reshape, torch.Tensor.view, accepts="packed")
-def reshape(func, nt: NestedTensor, *shape) -> NestedTensor:
+def reshape(func, nt: NestedTensor, *shape, **kw) -> NestedTensor:
     """Reshape static dims of every sample; the batch dim and ragged dims stay.
 
     The rule: the target lists the batch dim (``B`` or ``-1``) and every ragged dim
@@ -52,9 +54,20 @@ def reshape(func, nt: NestedTensor, *shape) -> NestedTensor:
     (no copy), and ``x.view(dtype)`` reinterprets the last (static) dim.
     """
     op = "view" if func is torch.Tensor.view else "reshape"
+    if kw:  # t.reshape(shape=...), torch.reshape(t, shape=...), t.view(size=...)
+        shape = (*shape, *[kw.pop(k) for k in ("shape", "size") if k in kw])
+        if kw:
+            raise TypeError(f"{op}() got an unexpected keyword argument {next(iter(kw))!r}")
     if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
         return _view_dtype(nt, shape[0])
-    dims = match_target(nt, int_entries(op, "shape", shape_arg(shape)), op)
+    target = int_entries(op, "shape", shape_arg(shape))
+    try:
+        dims = match_target(nt, target, op)
+    except StructureError:
+        flat = flatten_rows(nt, target, op)  # (-1, C): every real row, dense (it leaves the batch)
+        if flat is None:
+            raise
+        return flat
     vals = values_of(nt)
     new_static = [n for kind, n in dims if kind == STATIC]
     vals = vals.view(vals.shape[0], *new_static) if op == "view" else vals.reshape(vals.shape[0], *new_static)
@@ -203,7 +216,10 @@ def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTens
 
 @implements(torch.Tensor.expand_as, accepts="packed; packed or dense other")
 def expand_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
-    """``expand(other.shape)``; a NestedTensor ``other`` must share the ragged structure."""
+    """``expand(other.shape)``; a NestedTensor ``other`` must share the ragged structure.
+    A dense tensor expanded as a NestedTensor is broadcast to every sample."""
+    if not isinstance(nt, NestedTensor):
+        return expand_dense_as(nt, other)
     if isinstance(other, NestedTensor):
         _check_ragged_match("expand_as", nt, other)
     return expand(torch.Tensor.expand, nt, tuple(other.shape))
@@ -278,7 +294,11 @@ def _covers_ragged(e: Any, extent: int) -> bool:
 @lend("index_static")
 def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
     """Basic indexing inside every sample: ints and slices on static dims, None inserts a
-    static dim of extent 1, ragged dims must be taken whole. One indexing of ``values``."""
+    static dim of extent 1; a slice of a ragged dim takes that window of every sample
+    (:mod:`padless.ops.rows.windows`). One indexing of ``values``."""
+    nt, entries = take_windows(nt, entries)
+    if not isinstance(nt, NestedTensor):  # x[:, k] on the only ragged dim: dense (B, ...)
+        return nt[(slice(None), *entries)]
     dims = keep_all(nt)
     new: list[Any] = []
     vidx: list[Any] = [slice(None)]
@@ -294,8 +314,9 @@ def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
                 raise NotImplementedError(
                     f"NestedTensor indexing: dim {p + 1} is ragged (samples have different extents along "
                     f"it), so {e!r} would cut every sample at a different place: of the batch and ragged dims, "
-                    "only the batch dim can be indexed (ragged dims are taken whole). Take the same window from "
-                    f"every sample with x.narrow({p + 1}, start, length), or index samples one by one (x[i])."
+                    "only the batch dim can be indexed (a ragged dim takes a slice, the same window of every "
+                    "sample, or is taken whole). Take the same window from every sample with x[:, a:b] or "
+                    f"x.narrow({p + 1}, start, length), or index samples one by one (x[i])."
                 )
             new.append(dims[p])
         elif isinstance(e, slice):

@@ -23,6 +23,8 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.host import from_host_structure, host_structure, static_changed
+from padless.ops.rows.shape_idioms import dense_cat_operands, drop_empty_dense
+from padless.ops.rows.stacked import stack_batches
 from padless.ops.common.structure import STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
@@ -180,6 +182,10 @@ def cat(func, tensors: Sequence[Tensor], dim: int = 0, *, axis: int | None = Non
     if out is not None:
         raise NotImplementedError("cat(): out= is not supported for NestedTensors")
     dim = axis if axis is not None else dim
+    tensors = drop_empty_dense(tensors, dim)  # torch.cat([empty_cache, x], dim): the empty adds nothing
+    tensors = dense_cat_operands(tensors, dim)  # a dense (B, k, C) block: k rows of every sample
+    if len(tensors) == 1 and isinstance(tensors[0], NestedTensor):
+        return tensors[0].clone()
     ts = _nested_inputs("cat", tensors)
     o = outer_dim(ts[0], dim, "cat")
     if o == 0:
@@ -271,17 +277,14 @@ def _cat_ragged(ts: list[NestedTensor], p: int) -> NestedTensor:
 @implements(torch.stack, accepts="packed (all inputs)")
 def stack(func, tensors: Sequence[Tensor], dim: int = 0, *, out=None) -> NestedTensor:
     """Stack NestedTensors of one structure along a new static dim ``dim >= 1``
-    (``(L_i, C)`` x n -> ``(n, L_i, C)`` at ``dim=1``). ``dim=0`` would put a dim in
-    front of the batch: use ``torch.cat(..., dim=0)`` to join batches."""
+    (``(L_i, C)`` x n -> ``(n, L_i, C)`` at ``dim=1``). ``dim=0`` puts the new dim in front
+    of the batch: a :class:`padless.ops.rows.stacked.StackedBatch` (reduce or index it)."""
     if out is not None:
         raise NotImplementedError("stack(): out= is not supported for NestedTensors")
     ts = _nested_inputs("stack", tensors)
     o = outer_dim(ts[0], dim, "stack", extra=1)
     if o == 0:
-        raise StructureError(
-            "stack(): dim 0 would add a dim in front of the batch dim of a NestedTensor; "
-            "use torch.cat(tensors, dim=0) to join batches, or a dim >= 1 to stack inside every sample"
-        )
+        return stack_batches(ts)
     _same_static("stack", ts)
     for t in ts[1:]:
         check_same_structure("stack", ts[0], t)

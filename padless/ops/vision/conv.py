@@ -260,7 +260,7 @@ def _seq_geometry(op: str, weight: Tensor, stride, padding, dilation, transposed
 
 def _check_seq(op: str, x: Any) -> None:
     if isinstance(x, NestedTensor) and (x.sample_dim != 2 or x._ragged != (1,)):
-        raise ValueError(
+        raise StructureError(
             f"{op}(): expected sequences (C, L_i) with a static C and ragged length (dim 2 of the NestedTensor), "
             f"got samples of rank {x.sample_dim} with ragged sample dims {x.ragged_dims}. For (L_i, C) rows, "
             "transpose first: x.transpose(1, 2)"

@@ -1,0 +1,242 @@
+"""Dense operands in padded coordinates, and the strict switch that refuses them.
+
+``x.shape`` is the padded envelope, so a dense tensor a model builds from it (a padding
+mask, a position table indexed by ``arange(x.shape[1])``, an image bias map, a pair
+bias) is laid out in padded coordinates. A dense operand whose extent along a ragged dim
+equals the envelope's (and is not 1) is read that way: every element takes the entry at
+its own coordinates. For samples of lengths 2, 0, 3 (envelope 3) and a dense ``(B, 3, 1)``
+operand ``d``::
+
+    sample 0    rows a0 a1        read d[0, 0], d[0, 1]
+    sample 1    (empty)
+    sample 2    rows c0 c1 c2     read d[2, 0], d[2, 1], d[2, 2]
+    index       [0, 1, 6, 7, 8]   one gather into d viewed as (B * 3, 1), cached per structure
+
+The gradient of the read is the gather's: it scatters back, zeros at padded positions.
+Extent 1 broadcasts as before; any other extent is refused as before. The batch dim may be
+B (per sample) or 1 (shared). ``padded_reads(strict=True)`` (or ``PADLESS_STRICT_PADDED=1``
+in the environment) refuses every such read with an error naming the op and the operand's
+shape, for users who want to find them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import os
+from typing import Iterator, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.ops.common.structure import derived_tensor
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values
+from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
+from padless.tensor.registry import lend
+from padless.tensor.structure import static_change
+
+_STRICT: contextvars.ContextVar[bool | None] = contextvars.ContextVar("padless_strict_padded", default=None)
+
+ENV_VAR = "PADLESS_STRICT_PADDED"
+
+
+@contextlib.contextmanager
+def padded_reads(strict: bool = False) -> Iterator[None]:
+    """Inside the block, dense operands in padded coordinates are read (``strict=False``)
+    or refused (``strict=True``), whatever ``PADLESS_STRICT_PADDED`` says.
+
+    ::
+
+        x = padless.from_list([torch.ones(2, 4), torch.ones(3, 4)])
+        with padless.padded_reads(strict=True):
+            x + torch.zeros(x.shape)    # StructureError: add(): reads a dense operand of shape (2, 3, 4) ...
+    """
+    token = _STRICT.set(bool(strict))
+    try:
+        yield
+    finally:
+        _STRICT.reset(token)
+
+
+def strict_padded_reads() -> contextlib.AbstractContextManager[None]:
+    """``padded_reads(strict=True)``: refuse dense operands read in padded coordinates."""
+    return padded_reads(strict=True)
+
+
+def is_strict() -> bool:
+    """Whether padded reads are refused here (the innermost ``padded_reads`` block, else the
+    ``PADLESS_STRICT_PADDED`` environment variable)."""
+    s = _STRICT.get()
+    if s is None:
+        return os.environ.get(ENV_VAR, "").strip().lower() not in ("", "0", "false", "no")
+    return s
+
+
+def check_strict(opname: object, shape: Sequence[int], ref: NestedTensor) -> None:
+    """Raise when strict mode is on (the message names the op and the operand's shape)."""
+    if is_strict():
+        raise StructureError(
+            f"{opname}(): reads a dense operand of shape {tuple(shape)} in padded coordinates "
+            f"(NestedTensor envelope {tuple(ref.shape)}), refused because strict padded reads are on "
+            f"(padless.strict_padded_reads() or {ENV_VAR}=1). Make it a NestedTensor "
+            "(padless.from_padded(dense, like=nt)), or give that dim extent 1"
+        )
+
+
+def padded_extents(opname: object, aligned: Sequence[int], ref: NestedTensor, shape: Sequence[int] | None = None) -> bool:
+    """True when the dense operand ``aligned`` (outer dims, batch first, rank of ``ref``) is
+    read in padded coordinates: some ragged dim at the envelope extent (not 1). Raises
+    today's message for any other extent than 1 or the envelope's."""
+    padded = False
+    for r in ref._ragged:
+        n = aligned[1 + r]
+        if n == 1:
+            continue
+        if n == ref._env[r]:
+            padded = True
+            continue
+        raise StructureError(
+            f"{opname}(): a dense operand of shape {tuple(aligned if shape is None else shape)} spans ragged dim {r + 1} "
+            f"(size {n}); a dense tensor can only broadcast over ragged dims with "
+            "size 1. Make it a NestedTensor of the same structure, or reduce that dim."
+        )
+    return padded
+
+
+def read_index(ref: NestedTensor, per_sample: bool, extents: tuple[int, ...]) -> Tensor:
+    """Row of every packed element in the dense grid ``(b, *extents, ...)`` (ragged dims in
+    storage order; an extent of 1 broadcasts); cached on the structure."""
+    ragged = ref._ragged
+    total = ref._values.shape[0]
+
+    def compute(sizes: Tensor, offsets: Tensor) -> Tensor:
+        sid, coords = layout.row_coords(sizes, offsets, ragged, total)
+        flat = sid if per_sample else torch.zeros_like(sid)
+        for e, c in zip(extents, coords):
+            flat = flat * e + (c if e != 1 else 0)
+        return flat
+
+    return derived_tensor(ref, ("padded_read", per_sample, extents), compute)
+
+
+def read_rows(opname: object, d: Tensor, ref: NestedTensor, aligned: Sequence[int]) -> Tensor:
+    """The dense operand ``d`` (``aligned``: its shape with leading 1s to ``ref``'s rank) read
+    in padded coordinates onto ``ref``'s rows: ``(T, *d's static extents)``. One gather;
+    differentiable (its backward scatters back, zeros at padded positions)."""
+    check_strict(opname, d.shape, ref)
+    b = aligned[0]
+    if b not in (1, ref.batch_size):
+        raise StructureError(
+            f"{opname}(): a dense operand of shape {tuple(d.shape)} has {b} entries on the batch dim, "
+            f"the NestedTensor has {ref.batch_size} samples"
+        )
+    ragged = ref._ragged
+    static = layout.static_dims(ref.sample_dim, ragged)
+    grid = d.reshape(tuple(aligned)).permute(0, *[1 + r for r in ragged], *[1 + s for s in static])
+    grid = grid.reshape(-1, *[aligned[1 + s] for s in static])
+    ext = tuple(int(aligned[1 + r]) for r in ragged)
+    return grid.index_select(0, read_index(ref, b != 1, ext))
+
+
+def as_nested(opname: object, d: Tensor, ref: NestedTensor) -> NestedTensor | None:
+    """``d`` read in padded coordinates as a NestedTensor on ``ref``'s rows (static extents
+    from ``d``, 1 where it broadcasts), or None when ``d`` is not such an operand."""
+    nd = ref.dim()
+    if d.dim() > nd or d.dim() <= layout_trailing_static(ref):
+        return None
+    aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
+    if not padded_extents(opname, aligned, ref, d.shape):
+        return None
+    rows = read_rows(opname, d, ref, aligned)
+    if rows.shape[1:] == ref._values.shape[1:]:
+        sizes, meta, env = ref._sizes, ref._meta, ref._env
+    else:
+        sizes, meta, env = _static_structure(rows, ref)
+    return nested_from_values(rows, ref._offsets, sizes, ref._ragged, env, meta)
+
+
+def _static_structure(rows: Tensor, ref: NestedTensor):
+    """The structure of ``ref``'s rows with ``rows``' static extents, cached on ``ref`` so a
+    broadcast plan against it is cached too."""
+    key = ("padded_read_static", tuple(rows.shape[1:]))
+    hit = ref._meta.derived.get(key)
+    if hit is None:
+        hit = ref._meta.derived[key] = static_change(rows, ref)
+    return hit
+
+
+def layout_trailing_static(ref: NestedTensor) -> int:
+    """How many trailing sample dims are static (a dense operand this short never spans a ragged dim)."""
+    return ref.sample_dim - 1 - max(ref._ragged) if ref._ragged else ref.sample_dim
+
+
+@lend("padded_operands")
+def padded_operands(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Torch-level, with autograd on: dense operands that require grad and are read in padded
+    coordinates become NestedTensors on the first NestedTensor's rows (a gather autograd
+    records), so their gradient is dense and scatters back. Others are returned as they are."""
+    ref = next((a for a in (*args, *kwargs.values()) if isinstance(a, NestedTensor)), None)
+    if ref is None:
+        return args, kwargs
+    name = getattr(func, "__name__", "op").strip("_")
+
+    def conv(a):
+        if isinstance(a, Tensor) and not isinstance(a, NestedTensor) and a.requires_grad:
+            nt = as_nested(name, a, ref)
+            if nt is not None:
+                return nt
+        return a
+
+    return tuple(conv(a) for a in args), {k: conv(a) for k, a in kwargs.items()}
+
+
+def dense_samples(
+    opname: object,
+    what: str,
+    d: Tensor,
+    extents: list[list[int]],
+    envelope: Sequence[int],
+    ragged: Sequence[int],
+    ref: NestedTensor,
+) -> list[Tensor]:
+    """Per-sample windows of a dense tensor in padded coordinates (masks and biases of
+    per-sample ops such as attention). ``d`` is aligned to ``(B or 1, *envelope)``; sample
+    ``i`` takes ``[:extents[i][j]]`` along every dim ``j`` where ``d`` has the envelope extent
+    ``envelope[j]`` (not 1). Along the ``ragged`` dims ``d`` must have extent 1 or the
+    envelope's. Views of ``d`` (differentiable, no copy)."""
+    nd = 1 + len(envelope)
+    if d.dim() > nd:
+        raise StructureError(
+            f"{opname}(): a dense {what} of shape {tuple(d.shape)} has more than {nd} dims (batch, then {tuple(envelope)})"
+        )
+    aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
+    b = len(extents)
+    if aligned[0] not in (1, b):
+        raise StructureError(
+            f"{opname}(): a dense {what} of shape {tuple(d.shape)} has {aligned[0]} entries on the batch dim, "
+            f"the NestedTensor has {b} samples"
+        )
+    window = []
+    for j in ragged:
+        n = aligned[1 + j]
+        if n != 1 and n != envelope[j]:
+            raise StructureError(
+                f"{opname}(): a dense {what} of shape {tuple(d.shape)} has extent {n} along dim {j - len(envelope)}, "
+                f"where the envelope has {envelope[j]}; a dense {what} takes extent 1 there (shared by every "
+                "position) or the envelope's (padded coordinates), or pass a NestedTensor of per-sample ones"
+            )
+        if n != 1:
+            window.append(j)
+    if window:
+        check_strict(opname, d.shape, ref)
+    full = d.reshape(aligned)
+    out = []
+    for i in range(b):
+        t = full[i if aligned[0] != 1 else 0]
+        idx = [slice(None)] * len(envelope)
+        for j in window:
+            idx[j] = slice(0, extents[i][j])
+        out.append(t[tuple(idx)])
+    return out
