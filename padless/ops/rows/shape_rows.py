@@ -25,6 +25,7 @@ from torch import Tensor
 from padless.ops.common.host import from_host_structure, host_structure, static_changed
 from padless.ops.rows.shape_idioms import dense_cat_operands, drop_empty_dense
 from padless.ops.rows.stacked import stack_batches
+from padless.ops.rows.windows import window_rows
 from padless.ops.common.structure import STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
@@ -77,15 +78,7 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
             f"narrow(): sample {i} has size {int(n[i])} along dim {o}, too short for the window "
             f"start={start}, length={length}"
         )
-    out_hs = hs.clone()
-    out_hs[:, p] = length
-    out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, nt._ragged))
-    total = int(out_ho[-1])
-    sid, coords = layout.row_coords(out_hs, out_ho, nt._ragged, total)
-    q = nt._ragged.index(p)
-    coords[q] = coords[q] + s[sid]
-    rows = layout.source_rows(sid, dict(zip(nt._ragged, coords)), hs, ho, nt._ragged)
-    rows = rows.to(nt._values.device, non_blocking=True)
+    rows, out_hs, out_ho = window_rows(nt, hs, ho, p, s, length)
     return from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
+from torch import Tensor
 
 from padless.ops.common.host import from_host_structure, host_structure
 from padless.tensor import layout
@@ -37,6 +38,21 @@ def is_window(e: Any) -> bool:
     return isinstance(e, slice) and all(
         x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in (e.start, e.stop, e.step)
     )
+
+
+def window_rows(nt: NestedTensor, hs: Tensor, ho: Tensor, p: int, start: Tensor, length: Tensor | int) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows of ``nt`` (host sizes ``hs``, offsets ``ho``) in the window ``[start_i, start_i + length_i)``
+    of ragged sample dim ``p``: ``(rows on the values' device, result's host sizes, host offsets)``.
+    Shared by the windows here and by ``narrow``."""
+    out_hs = hs.clone()
+    out_hs[:, p] = length
+    out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, nt._ragged))
+    total = int(out_ho[-1])
+    sid, coords = layout.row_coords(out_hs, out_ho, nt._ragged, total)
+    q = nt._ragged.index(p)
+    coords[q] = coords[q] + start[sid]
+    rows = layout.source_rows(sid, dict(zip(nt._ragged, coords)), hs, ho, nt._ragged)
+    return rows.to(nt._values.device, non_blocking=True), out_hs, out_ho
 
 
 def window(nt: NestedTensor, p: int, e: slice) -> NestedTensor:
@@ -59,15 +75,7 @@ def window(nt: NestedTensor, p: int, e: slice) -> NestedTensor:
         return nested_from_values(vals.index_select(0, rows), offsets, sizes, nt._ragged, env, meta)
     hs, ho = host_structure(nt, "getitem")
     start, length = bounds(hs[:, p], e.start, e.stop)
-    out_hs = hs.clone()
-    out_hs[:, p] = length
-    out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, nt._ragged))
-    total = int(out_ho[-1])
-    sid, coords = layout.row_coords(out_hs, out_ho, nt._ragged, total)
-    q = nt._ragged.index(p)
-    coords[q] = coords[q] + start[sid]
-    rows = layout.source_rows(sid, dict(zip(nt._ragged, coords)), hs, ho, nt._ragged)
-    rows = rows.to(nt._values.device, non_blocking=True)
+    rows, out_hs, out_ho = window_rows(nt, hs, ho, p, start, length)
     out = from_host_structure(vals.index_select(0, rows), out_hs, nt._ragged, nt, out_ho)
     nt._meta.derived[key] = (rows, out._offsets, out._sizes, out._meta, out._env)
     return out
