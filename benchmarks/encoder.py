@@ -2,9 +2,10 @@
 
     python benchmarks/encoder.py [--batch-sizes 16,64,256] [--threads 1,2] [--batches 6]
                                  [--config uniform|lognormal|both] [--models pre-ln,encoder-layer]
-                                 [--profile] [--device cpu|cuda]
+                                 [--profile] [--device cpu|cuda] [--d 256] [--rounds 1]
+                                 [--clock wall|cpu] [--per-call] [--no-nested]
 
-Two models, forward + backward, d=256, 4 heads, FFN 4x, GELU:
+Two models, forward + backward, d=256 (``--d``), 4 heads, FFN 4x, GELU:
 
 * a pre-LN encoder layer written with plain torch calls (qkv Linear, chunk,
   unflatten, transpose, ``F.scaled_dot_product_attention``);
@@ -25,7 +26,11 @@ cores). Every batch runs every implementation back to back; the table gives medi
 per-batch times and of per-batch ratios, and the machine's load average, since
 timings on a shared machine are noisy. ``--profile`` adds the CPU profile of the padless
 pre-LN step (share of ``slice_backward``, ``fill_``, ``add_``, ``copy_``, ``cat``, SDPA).
-``--device cuda`` runs the same in bfloat16 on a GPU.
+``--device cuda`` runs the same in bfloat16 on a GPU. ``--d 128`` runs the small layer where
+per-sample attention calls weigh most; ``--per-call`` adds padless with the length buckets of
+``padless/ops/attention/buckets.py`` switched off (one SDPA call per sample or equal length);
+``--rounds`` repeats each batch round-robin (median per batch); ``--clock cpu`` times CPU
+seconds of the process (steadier on a loaded machine).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import padless
+from padless.ops.attention import sdpa
 from padless.testing import bench
 
 
@@ -69,12 +75,15 @@ def lengths_for(kind: str, b: int, g: torch.Generator) -> list[int]:
     return (raw.clamp(8, 512) * scale).round().clamp(min=1).long().tolist()
 
 
+CLOCK = time.perf_counter  # --clock cpu: time.process_time (CPU seconds of this process; steadier on a busy machine)
+
+
 def timed(fn) -> float:
-    t0 = time.perf_counter()
+    t0 = CLOCK()
     fn()
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-    return time.perf_counter() - t0
+    return CLOCK() - t0
 
 
 def make_models(d: int, heads: int, device: str, dtype: torch.dtype) -> dict[str, nn.Module]:
@@ -89,7 +98,7 @@ def make_models(d: int, heads: int, device: str, dtype: torch.dtype) -> dict[str
 
 
 NAMES = {"pre-ln": "pre-LN layer", "encoder-layer": "nn.TransformerEncoderLayer"}
-IMPLS = ("padded + mask", "padless", "hand-packed", "torch.nested")
+IMPLS = ("padded + mask", "padless", "padless, call per sample", "hand-packed", "torch.nested")
 
 
 def hand_packed(m: PreLNLayer, x, lengths: list[int]):
@@ -117,7 +126,7 @@ SKIPPED: dict[str, str] = {}  # "model / implementation" -> why it could not run
 
 def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype: torch.dtype) -> list[bench.Row]:
     torch.set_num_threads(threads)
-    d = 256
+    d = args.d
     g = torch.Generator().manual_seed(1)
     times: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
@@ -152,19 +161,32 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
                 y = m(njt)
                 (y.values() ** 2).mean().backward()
 
+            def per_call_step(m=m):
+                sdpa.BUCKETS = False  # one SDPA call per sample (and per group of equal lengths)
+                try:
+                    (m(x) ** 2).mean().backward()
+                finally:
+                    sdpa.BUCKETS = True
+
             steps = {"padded + mask": padded_step, "padless": padless_step, "torch.nested": nested_step}
+            if args.no_nested:
+                del steps["torch.nested"]
+            if args.per_call:
+                steps["padless, call per sample"] = per_call_step
             if name == "pre-ln":
                 steps["hand-packed"] = hand_step
-            res = {}
-            for impl, fn in steps.items():
-                key = (name, impl)
-                if notes.get(key, "").startswith("cannot run"):
-                    continue
-                m.zero_grad(set_to_none=True)
-                try:
-                    res[impl] = timed(fn)
-                except Exception as e:  # torch.nested's coverage differs per torch version
-                    notes[key] = f"cannot run: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+            runs: dict[str, list[float]] = {}
+            for _ in range(args.rounds):  # round-robin: every implementation once per round
+                for impl, fn in steps.items():
+                    key = (name, impl)
+                    if notes.get(key, "").startswith("cannot run"):
+                        continue
+                    m.zero_grad(set_to_none=True)
+                    try:
+                        runs.setdefault(impl, []).append(timed(fn))
+                    except Exception as e:  # torch.nested's coverage differs per torch version
+                        notes[key] = f"cannot run: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
+            res = {impl: statistics.median(ts) for impl, ts in runs.items() if not notes.get((name, impl), "").startswith("cannot")}
             if batch_i == 0:
                 continue
             for impl, t in res.items():
@@ -217,9 +239,16 @@ def main() -> None:
     ap.add_argument("--config", choices=["uniform", "lognormal", "both"], default="uniform")
     ap.add_argument("--models", default="pre-ln,encoder-layer")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--d", type=int, default=256, help="model width (4 heads)")
+    ap.add_argument("--per-call", action="store_true", help="add padless with one SDPA call per sample (no length buckets)")
+    ap.add_argument("--no-nested", action="store_true", help="skip torch.nested")
+    ap.add_argument("--rounds", type=int, default=1, help="round-robin repeats per batch (median per batch)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or CPU time of this process")
     args = ap.parse_args()
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
-    models = make_models(256, 4, args.device, dtype)
+    models = make_models(args.d, 4, args.device, dtype)
     models = {k: models[k] for k in args.models.split(",")}
     threads = [int(t) for t in dict.fromkeys(args.threads.split(","))]
     load0 = os.getloadavg()
@@ -231,8 +260,8 @@ def main() -> None:
     load1 = os.getloadavg()
     bench.print_table(
         rows,
-        f"Encoder layer, forward + backward, d=256, 4 heads, FFN 4x, {args.batches} batches per row, {args.device} "
-        f"{str(dtype).replace('torch.', '')}, torch {torch.__version__}, {os.cpu_count()} cores, load average "
+        f"Encoder layer, forward + backward, d={args.d}, 4 heads, FFN 4x, {args.batches} batches per row, {args.device} "
+        f"{str(dtype).replace('torch.', '')}, {args.clock} clock, torch {torch.__version__}, {os.cpu_count()} cores, load average "
         f"{load0[0]:.1f} at start, {load1[0]:.1f} at end",
         "padded + mask",
     )

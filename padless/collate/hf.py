@@ -21,6 +21,12 @@ only splits a packed row into its samples when no cache exists), and optionally 
 block-diagonal ``attention_mask`` for encoders whose eager/sdpa attention would otherwise mix
 the samples (``block_mask=True``; see :func:`padless.collate.interop.hf_kwargs`).
 
+Which attention implementation to load the model with: eager, sdpa and flex attention turn
+the packed row into a block-diagonal ``T x T`` mask (every cross-sample score computed, then
+discarded); ``flash_attention_2`` (GPU, flash-attn) or ``"padless"`` (any device: ``import
+padless.hf`` registers it; per-document attention from ``cu_seq_lens_*``, no mask, encoders
+need no ``block_mask``) run only the scores inside each sample. See docs/data.md.
+
 Everything is computed in the DataLoader worker that collates the batch. transformers is
 not imported here.
 """

@@ -6,6 +6,8 @@ why; :func:`row_attention` is the pair-state (triangle) attention with a shared 
 
 * :mod:`~padless.ops.attention.sdpa`: the SDPA handler and backend choice (varlen flash,
   FlexAttention, the CPU path on views of the rows)
+* :mod:`~padless.ops.attention.buckets`: many short samples as a few padded-within-bucket
+  SDPA calls (the CPU path where per-sample calls would dominate)
 * :mod:`~padless.ops.attention.rows`: ragged dims other than the sequence dim, row attention
 * :mod:`~padless.ops.attention.modules`: ``nn.MultiheadAttention`` and Transformer layers
 * ``*_compiled``: the same computations as opaque ops for ``torch.compile``

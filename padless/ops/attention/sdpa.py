@@ -29,7 +29,12 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   sample: O(B x T)). Without masks, mods or dropout, samples sharing one (query, key)
   length pair run as one batched ``(G, H, L, E)`` SDPA call (a ``torch.stack`` of their
   views: exact lengths, nothing padded, each sample's own dense SDPA); dropout stays
-  per sample so the RNG stream matches a loop over samples. Measured on this project's
+  per sample so the RNG stream matches a loop over samples. Self-attention batches of
+  many short samples (where one call's fixed cost outweighs its scores: a d=128 layer at
+  B=64, lengths 4..64) run in length buckets instead (:mod:`~padless.ops.attention.buckets`:
+  a few ``(G, H, L_b, E)`` calls padded to each bucket's longest with a key mask, chosen by
+  a cost model once per structure; padded query rows are dropped, padded keys masked, so
+  values and gradients are each sample's own). Measured on this project's
   2-core CPU, B=16, H=4, E=64, lengths U[16, 256], SDPA forward + backward (``python
   benchmarks/attention_cpu.py``, one run, before the split): per-sample 32.4 ms, padded
   with a key mask 37.6 ms, one block-diagonal SDPA over all rows 515 ms (it computes
@@ -60,6 +65,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.attention import sdpa_compiled as attention_compiled
+from padless.ops.attention import buckets
 from padless.ops.attention import rows as attention_rows
 from padless.ops.common import padded
 from padless.tensor.autograd import rewrap, split_rows, values_of
@@ -208,6 +214,10 @@ def _drop_lead(x: Tensor, lead: int) -> Tensor:
 
 # Samples whose (query, key) lengths repeat at least this often run as one batched SDPA call.
 _MIN_GROUP = 2
+# Self-attention without masks, mods or dropout on the CPU runs in length buckets
+# (buckets.py) where its cost model says the saved calls outweigh the copies; False keeps
+# one call per sample (and per group of equal lengths), e.g. to compare them.
+BUCKETS = True
 
 
 def _length_groups(q: NestedTensor, k: NestedTensor) -> tuple[list[int], list[list[int]]]:
@@ -265,8 +275,12 @@ def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mo
     if v is k:
         vv = kv
     dq = q.sample_dim - 2
-    qo, ko = q.host_offsets().tolist(), k.host_offsets().tolist()
     simple = masks is None and mask_mod is None and score_mod is None and dropout_p == 0.0
+    if simple and BUCKETS and not qv.is_cuda and q.sample_dim == 3 and qv.dim() == 3 and _same_lengths(q, k):
+        plan = _bucket_plan(q, is_causal)
+        if plan is not None:
+            return buckets.attention(qv, kv, vv, plan, is_causal, scale, enable_gqa)
+    qo, ko = q.host_offsets().tolist(), k.host_offsets().tolist()
     if simple and q.sample_dim <= 3 and q.batch_size >= _MIN_GROUP:
         alone, groups = _length_groups(q, k)
     else:
@@ -301,6 +315,17 @@ def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mo
     if not done:
         return qv.new_empty((0, *qv.shape[1:-1], vv.shape[-1]))
     return torch.cat([done[i] for i in range(q.batch_size)])
+
+
+def _bucket_plan(q: NestedTensor, is_causal: bool) -> buckets.Plan | None:
+    """The bucket plan of ``q``'s structure (:mod:`~padless.ops.attention.buckets`), cached on
+    it; None where one call per sample costs less."""
+    width = q._values.shape[1] * q._values.shape[2]
+    key = ("attention_buckets", q._values.device, bool(is_causal), width)
+    if key not in q._meta.derived:
+        lengths = q.host_sizes()[:, 1].tolist()
+        q._meta.derived[key] = buckets.plan(lengths, q.host_offsets().tolist(), width, is_causal, q._values.device)
+    return q._meta.derived[key]
 
 
 def _varlen_call(backend, q, k, v, dropout_p, is_causal, scale, enable_gqa) -> Tensor:

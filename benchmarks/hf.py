@@ -1,0 +1,158 @@
+"""Hugging Face transformers models: padded vs padless, train step, with the FLOP ideal.
+
+    zoo/.venv/bin/python benchmarks/hf.py [--batches 5] [--rounds 3] [--threads 2] [--clock wall|cpu]
+                                          [--models bert,llama] [--batch-size 8] [--attn sdpa,padless]
+
+Tiny randomly initialised ``BertModel`` and ``LlamaModel`` (hidden 128, 2 layers, 4
+heads, FFN 512, vocab 1000), lengths U[16, 256], B=8, forward + backward of the mean of
+``last_hidden_state ** 2`` over the real tokens. Each batch runs every path round-robin
+(:func:`padless.testing.bench.interleaved`); the table gives medians over batches of the
+per-batch median time and of the per-batch ratio against the padded batch:
+
+* ``padded + mask``: ``input_ids`` padded to the longest sample with ``attention_mask``
+  (sdpa attention), the baseline;
+* ``inputs_embeds=nt (<attn>)``: ``model(inputs_embeds=emb(ids_nt))`` with nothing else,
+  ``ids_nt`` a NestedTensor of the ids (no padded position anywhere);
+* ``collator (<attn>)``: one packed ``(1, T)`` row from :class:`padless.FlatteningCollator`
+  (BERT with sdpa needs ``block_mask=True``, a ``T x T`` mask; ``padless`` attention reads
+  ``cu_seq_lens``).
+
+The ``of ideal`` note is the measured speed-up over the FLOP ideal of that batch: padded
+FLOPs over packed FLOPs, where the linears and norms scale with the tokens (1/occupancy)
+and attention with ``sum L_i^2 / (B Lmax^2)`` (``6 * matmul params`` per token, ``14 d``
+per score forward + backward, as in ``benchmarks/encoder.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+import padless
+from padless.testing import bench
+
+D, LAYERS, HEADS, FFN, VOCAB = 128, 2, 4, 512, 1000
+
+
+def build(kind: str, attn: str) -> torch.nn.Module:
+    import transformers
+
+    common = dict(vocab_size=VOCAB, hidden_size=D, intermediate_size=FFN, num_hidden_layers=LAYERS,
+                  num_attention_heads=HEADS, max_position_embeddings=512, attn_implementation=attn)
+    torch.manual_seed(0)
+    if kind == "bert":
+        cfg = transformers.BertConfig(**common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+        return transformers.BertModel(cfg, add_pooling_layer=False).train()
+    cfg = transformers.LlamaConfig(**common, num_key_value_heads=HEADS)
+    return transformers.LlamaModel(cfg).train()
+
+
+def embed(model: torch.nn.Module):
+    return model.get_input_embeddings()
+
+
+def flop_ideal(kind: str, lengths: list[int]) -> float:
+    """Padded FLOPs over packed FLOPs of one forward + backward step."""
+    params = 4 * D * D + (2 if kind == "bert" else 3) * D * FFN  # matmul weights per layer
+    per_token, per_score = 6 * params, 14 * D
+    b, lmax = len(lengths), max(lengths)
+    padded = b * lmax * per_token + b * lmax * lmax * per_score
+    packed = sum(lengths) * per_token + sum(n * n for n in lengths) * per_score
+    return padded / packed
+
+
+def steps(kind: str, attns: list[str], ids: list[torch.Tensor]) -> dict[str, object]:
+    """The timed train steps of one batch, by path name."""
+    lengths = [len(t) for t in ids]
+    b, lmax = len(ids), max(lengths)
+    pad = torch.zeros(b, lmax, dtype=torch.long)
+    keep = torch.zeros(b, lmax, dtype=torch.bool)
+    for i, t in enumerate(ids):
+        pad[i, : len(t)] = t
+        keep[i, : len(t)] = True
+    ids_nt = padless.from_list(ids)
+    feats = [{"input_ids": t.tolist()} for t in ids]
+    models = {a: build(kind, a) for a in {"sdpa", *attns}}
+    out: dict[str, object] = {}
+
+    def padded_step(m=models["sdpa"]):
+        y = m(input_ids=pad, attention_mask=keep.long(), use_cache=False).last_hidden_state
+        ((y ** 2) * keep[..., None]).sum().div(keep.sum() * D).backward()
+
+    out["padded + mask"] = padded_step
+    for attn in attns:
+        m = models[attn]
+
+        def nt_step(m=m):
+            y = m(inputs_embeds=embed(m)(ids_nt), use_cache=False).last_hidden_state
+            (y ** 2).mean().backward()
+
+        out[f"inputs_embeds=nt ({attn})"] = nt_step
+        causal = kind == "llama"
+        collator = padless.FlatteningCollator(causal=causal, block_mask=(not causal and attn in ("sdpa", "eager")))
+        batch = collator(feats)
+        batch.pop("labels")
+
+        def collated_step(m=m, batch=batch):
+            y = m(**batch).last_hidden_state
+            (y ** 2).mean().backward()
+
+        out[f"collator ({attn})"] = collated_step
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batches", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--models", default="bert,llama")
+    ap.add_argument("--attn", default="sdpa,padless", help="attention implementations of the padless paths")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or CPU time of this process")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    attns = args.attn.split(",")
+    if "padless" in attns:
+        try:
+            import padless.hf  # registers attn_implementation="padless" with transformers
+        except ImportError:
+            attns.remove("padless")
+    load0 = os.getloadavg()
+    rows: list[bench.Row] = []
+    for kind in args.models.split(","):
+        g = torch.Generator().manual_seed(1)
+        times: dict[str, list[float]] = {}
+        ratios: dict[str, list[float]] = {}
+        ideals, occ = [], []
+        for _ in range(args.batches):
+            lengths = torch.randint(16, 257, (args.batch_size,), generator=g).tolist()
+            ids = [torch.randint(3, VOCAB, (n,), generator=g) for n in lengths]
+            ideals.append(flop_ideal(kind, lengths))
+            occ.append(sum(lengths) / (len(lengths) * max(lengths)))
+            res = bench.interleaved(steps(kind, attns, ids), baseline="padded + mask", rounds=args.rounds, warmup=1,
+                                    clock=time.process_time if args.clock == "cpu" else time.perf_counter)
+            for name, (t, r) in res.items():
+                times.setdefault(name, []).append(t)
+                ratios.setdefault(name, []).append(r)
+        ideal = statistics.median(ideals)
+        case = f"{kind} d={D} {LAYERS} layers B={args.batch_size} U[16,256] (occ {statistics.mean(occ):.2f})"
+        for name in times:
+            r = statistics.median(ratios[name])
+            note = f"FLOP ideal {ideal:.2f}x" if name == "padded + mask" else f"{r / ideal:.2f} of ideal"
+            rows.append(bench.Row(case, name, statistics.median(times[name]), r, note))
+    load1 = os.getloadavg()
+    bench.print_table(
+        rows,
+        f"transformers train step (fwd+bwd), {args.threads} threads, {args.clock} clock, {args.batches} batches x {args.rounds} rounds, "
+        f"torch {torch.__version__}, load average {load0[0]:.1f} at start, {load1[0]:.1f} at end",
+        "padded + mask",
+    )
+
+
+if __name__ == "__main__":
+    main()
