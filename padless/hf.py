@@ -48,7 +48,7 @@ try:
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.masking_utils import sdpa_mask
 except ImportError as e:  # pragma: no cover - exercised only without transformers
-    raise ImportError("padless.hf needs transformers: pip install transformers") from e
+    raise ImportError("padless.hf needs transformers: pip install 'padless[hf]' (or pip install transformers)") from e
 
 NAME = "padless"
 
