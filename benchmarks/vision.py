@@ -21,7 +21,9 @@ default): eager padless vs compiled padless (``padless.vision.prepare_for_compil
 vs the padded batch eager and compiled with dynamic shapes, each batch a new size and new
 image sizes; it reports the first call (compile) time and the graphs compiled over the run.
 
-    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile]
+``--ops 6 48`` counts the aten ops of one train step (forward + backward) at each batch size.
+
+    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile] [--ops 6 48]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import padless
 from padless.ops.vision import spatial
@@ -115,6 +118,12 @@ def cuda_peak(fn: Callable[[], None], dev: str) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
+DESIGNS = {  # --designs: padless with another choice of the spatial module (attribute -> value)
+    "tiles": {"DEFAULT_LAYOUT": "tiles"},
+    "NCHW canvas": {"CANVAS_FORMAT": "contiguous"},
+}
+
+
 def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None:
     dev = args.device
     torch.manual_seed(0)
@@ -122,6 +131,7 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
     rng = random.Random(0)
     times: dict[str, list[float]] = {}
     ratios: dict[str, list[float]] = {}
+    vs_loop: dict[str, list[float]] = {}
     mem: dict[str, list[int]] = {}
     pixels = []
     for r in range(args.rounds + 1):
@@ -130,14 +140,16 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
         imgs = [torch.randn(3, h, w, device=dev) for h, w in sizes]
         labels = torch.randint(0, 10, (BATCH,), device=dev)
         runs = make_runs(model, imgs, labels, dev)
-        for lay in layouts:  # extra rows: padless with another plan layout
+        for lay in layouts:  # extra rows: padless with another design choice
             def run_layout(lay=lay):
-                old = spatial.DEFAULT_LAYOUT
-                spatial.DEFAULT_LAYOUT = lay
+                old = {k: getattr(spatial, k) for k in DESIGNS[lay]}
+                for k, val in DESIGNS[lay].items():
+                    setattr(spatial, k, val)
                 try:
                     runs["padless"]()
                 finally:
-                    spatial.DEFAULT_LAYOUT = old
+                    for k, val in old.items():
+                        setattr(spatial, k, val)
             runs[f"padless ({lay})"] = run_layout
         names = list(runs)
         names = names[r % len(names):] + names[: r % len(names)]  # rotate the order every round
@@ -159,11 +171,13 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
         for n in t:
             times.setdefault(n, []).append(t[n])
             ratios.setdefault(n, []).append(t["padded"] / t[n])
+            vs_loop.setdefault(n, []).append(t["per-image"] / t[n])
     rows = [Row("resnet fwd+bwd b=12", n, statistics.median(times[n]) * 1e6, statistics.median(ratios[n])) for n in times]
     for row in rows:
+        row.note = f"{statistics.median(vs_loop[row.impl]):.2f}x the per-image loop"
         m = mem.get(row.impl)
         if m:
-            row.note = f"saved activations {m[0] / 2**20:.1f} MiB ({mem['padded'][0] / m[0]:.2f}x less than padded)"
+            row.note += f"; saved activations {m[0] / 2**20:.1f} MiB ({mem['padded'][0] / m[0]:.2f}x less than padded)"
             if row.impl + " cuda" in mem:
                 row.note += f"; cuda peak {mem[row.impl + ' cuda'][0] / 2**20:.1f} MiB"
     load = os.getloadavg()
@@ -288,6 +302,44 @@ def compile_table(args: argparse.Namespace) -> None:
     print_table(rows, title, "padless eager")
 
 
+class _OpCounter(TorchDispatchMode):
+    """Counts the aten ops a region runs (every op that reaches dispatch, forward and backward)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def ops_table(args: argparse.Namespace) -> None:
+    """Aten ops per train step (forward + backward) at two batch sizes: does the work per layer
+    grow with the number of images? Plans are built by a first step, then one step is counted."""
+    dev = args.device
+    torch.manual_seed(0)
+    model = ResNetish(widths=tuple(args.widths), classes=10).to(dev).train()
+    rng = random.Random(0)
+    counts: dict[str, dict[int, int]] = {}
+    for b in args.ops:
+        sizes = random_image_sizes(rng, b, LO, HI)
+        imgs = [torch.randn(3, h, w, device=dev) for h, w in sizes]
+        labels = torch.randint(0, 10, (b,), device=dev)
+        for n, run in make_runs(model, imgs, labels, dev).items():
+            run()  # warm-up: plans and structures cached
+            model.zero_grad(set_to_none=True)
+            with _OpCounter() as c:
+                run()
+            counts.setdefault(n, {})[b] = c.n
+    bs = list(args.ops)
+    print(f"aten ops per train step (ResNet-style, widths {tuple(args.widths)}, forward + backward)")
+    print("| implementation | " + " | ".join(f"B={b}" for b in bs) + f" | B={bs[-1]} / B={bs[0]} |")
+    print("|---|" + "---:|" * (len(bs) + 1))
+    for n, c in counts.items():
+        print(f"| {n} | " + " | ".join(f"{c[b]:,}" for b in bs) + f" | {c[bs[-1]] / c[bs[0]]:.2f}x |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=7)
@@ -298,6 +350,7 @@ def main() -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or CPU time of this process")
     p.add_argument("--compile", action="store_true", help="only the compiled train step table (eager vs compiled)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend of --compile")
+    p.add_argument("--ops", type=int, nargs="*", help="only count aten ops per train step at these batch sizes (e.g. --ops 6 48)")
     args = p.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -305,9 +358,12 @@ def main() -> None:
     if args.compile:
         compile_table(args)
         return
+    if args.ops:
+        ops_table(args)
+        return
     if args.designs:
         design_table(args)
-    model_table(args, ("tiles",) if args.designs else ())
+    model_table(args, tuple(DESIGNS) if args.designs else ())
 
 
 if __name__ == "__main__":

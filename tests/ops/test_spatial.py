@@ -8,7 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import padless
-from padless.ops.vision import spatial
+from padless.ops.vision import pack, spatial
 from padless.ops.vision.spatial import Geometry, build_spatial_plan, spatial_plan
 from padless.testing.vision import check_layer, image_batch
 
@@ -51,14 +51,13 @@ def test_layouts_agree_with_each_image_alone(layout, monkeypatch):
     check_layer(nn.MaxPool2d(3, 2, 1, ceil_mode=True), x, dense)
 
 
-def test_many_images_take_the_index_path(monkeypatch):
-    monkeypatch.setattr(spatial, "RECT_LIMIT", 2)  # above it, canvas moves are one index op over all rows
+def test_small_and_empty_windows_on_shared_gaps():
+    # boxes share their gaps: a window of one image reads the next image's top/left gap
     torch.manual_seed(0)
     x, dense = image_batch([(1, 2), (5, 3), (2, 4), (4, 4)], seed=2, dtype=D, requires_grad=True)
     conv = nn.Conv2d(3, 2, 3, 1, 1).to(D)
     check_layer(conv, x, dense, params=[conv.weight])
     check_layer(nn.MaxPool2d(2, ceil_mode=True), x, dense)
-    assert spatial_plan("conv2d", x, Geometry((3, 3), (1, 1), (1, 1, 1, 1))).in_rects is None
 
 
 def test_plan_errors():
@@ -74,3 +73,80 @@ def test_plan_errors():
     seq = padless.from_list([torch.randn(2, 5, 4)], ragged_dims=(1,))
     with pytest.raises(padless.StructureError, match=r"max_pool2d\(\): expected images \(C, H_i, W_i\)"):
         F.max_pool2d(seq, 2)
+
+
+GEOMETRIES = {  # (layer, why): windows that reach past their box into a neighbour's shared gap
+    "3x3 pad 1": (lambda: nn.Conv2d(3, 2, 3, 1, 1), "the usual halo"),
+    "same, even kernel": (lambda: nn.Conv2d(3, 2, 4, 1, "same"), "asymmetric padding (1 top, 2 bottom)"),
+    "dilated": (lambda: nn.Conv2d(3, 2, 3, 1, 2, dilation=2), "halo of 2"),
+    "stride 3, pad 2": (lambda: nn.Conv2d(3, 2, 5, 3, 2), "origins aligned to 3"),
+    "valid 3x2": (lambda: nn.Conv2d(3, 2, (3, 2)), "no padding, windows inside the image"),
+    "max ceil": (lambda: nn.MaxPool2d(3, 2, 1, ceil_mode=True), "last window past the padded input (-inf gaps)"),
+    "avg ceil, no pad count": (lambda: nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False), "divisors per image"),
+}
+
+
+@pytest.mark.parametrize("name", list(GEOMETRIES))
+def test_packed_canvas_keeps_images_apart(name):
+    """Many images of random sizes (boxes packed next to each other on all sides): every
+    image as the dense layer on that image alone, forward and backward."""
+    g = torch.Generator().manual_seed(3)
+    sizes = [tuple(int(v) for v in torch.randint(3, 14, (2,), generator=g)) for _ in range(14)]
+    x, dense = image_batch(sizes, seed=4, dtype=D, requires_grad=True)
+    torch.manual_seed(0)
+    layer = GEOMETRIES[name][0]().to(D)
+    check_layer(layer, x, dense, params=list(layer.parameters()))
+
+
+def test_pack_places_boxes_without_overlap_and_tightly():
+    g = torch.Generator().manual_seed(5)
+    boxes = [tuple(int(v) for v in torch.randint(1, 40, (2,), generator=g)) for _ in range(30)] + [(0, 5), (7, 0)]
+    for align in ((1, 1), (2, 2), (4, 1)):
+        pos, hc, wc = pack.pack_boxes(boxes, align)
+        live = [i for i, (h, w) in enumerate(boxes) if h > 0 and w > 0]
+        for i in live:
+            (y, x), (h, w) = pos[i], boxes[i]
+            assert y % align[0] == 0 and x % align[1] == 0 and y + h <= hc and x + w <= wc
+            for j in live:
+                if j < i:
+                    (y2, x2), (h2, w2) = pos[j], boxes[j]
+                    assert y + h <= y2 or y2 + h2 <= y or x + w <= x2 or x2 + w2 <= x, (i, j)
+        assert hc * wc < 1.5 * sum(pack.align_up(h, align[0]) * pack.align_up(w, align[1]) for h, w in boxes)
+
+
+def _ops(fn) -> int:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    with Count():
+        fn()
+    return Count.n
+
+
+def test_ops_per_layer_do_not_grow_with_the_batch():
+    """A conv + batch norm + relu + max pool + strided projection step runs the same aten ops
+    for 3 images as for 30 (gathers with cached indices, no per-image copies)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, 1, 1), nn.BatchNorm2d(4), nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.Conv2d(4, 4, 1, 2))
+    counts = []
+    for b in (3, 30):
+        g = torch.Generator().manual_seed(b)
+        x, _ = image_batch([tuple(int(v) for v in torch.randint(4, 20, (2,), generator=g)) for _ in range(b)], requires_grad=True)
+        step = lambda: net(x).values().square().sum().backward()  # noqa: E731
+        step()  # plans built and cached
+        counts.append(_ops(step))
+    assert counts[0] == counts[1], counts
+
+
+def test_grid_index_is_each_pixels_canvas_position():
+    g = torch.Generator().manual_seed(6)
+    hw = torch.randint(0, 9, (17, 2), generator=g)  # empty rows and columns included
+    base = torch.randint(0, 1000, (17,), generator=g)
+    _, sid, a, b = spatial._coords(hw)
+    assert torch.equal(spatial._grid_index(base, hw, 23), base[sid] + a * 23 + b)

@@ -26,12 +26,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.vision.spatial import (
-    RECT_LIMIT,
     BlocksToRows,
     RowsToBlocks,
     Geometry,
     SpatialPlan,
     _cache_for,
+    _cache_of,
+    _coords,
+    conv_channels_last,
     image_hw,
     images_like,
     spatial_plan,
@@ -55,9 +57,17 @@ def _dense_params(op: str, x: Any, weight: Any, bias: Any) -> None:
         raise TypeError(f"{op}(): weight and bias must be dense tensors, got a NestedTensor")
 
 
-def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor], Any]) -> None:
+def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor], Any], key: Any = None) -> None:
     """Torch's errors, from the dense op on meta tensors: a too-small image (named), else the
-    arguments themselves (weight shape, groups, output_padding) on the first image's shape."""
+    arguments themselves (weight shape, groups, output_padding) on the first image's shape.
+    With ``key`` (everything besides the plan that ``dense`` depends on), a passing check is
+    remembered on the plan and not run again (a steady-state layer does no meta calls)."""
+    if key is not None:
+        if ("valid", op, key) in plan._divisors:
+            return
+        _validate(op, plan, channels, dense)
+        plan._divisors[("valid", op, key)] = True
+        return
     err = too_small_error(op, plan, channels, dense)
     if err is not None:
         raise err
@@ -76,28 +86,31 @@ class _PlanConv(torch.autograd.Function):
 
     Autograd of the three steps would save the canvas (a second copy of the input,
     ~1.2x its size) and turn the output gather's gradient into a scatter-add; here the
-    backward rebuilds the canvas from the saved rows (one ``index_copy``), puts the output
-    gradient on the canvas (one ``index_copy``: output positions are unique) and reads
-    the input gradient back with one ``index_select``. First-order only."""
+    backward rebuilds the canvas from the saved rows (one gather), puts the output
+    gradient on the canvas (one gather: output positions are unique) and reads the input
+    gradient back with one ``index_select``. The canvas is channels-last while it holds
+    more elements than the weight (:func:`~padless.ops.vision.spatial.conv_channels_last`).
+    First-order only."""
 
     @staticmethod
     def forward(ctx, v, weight, bias, plan, stride, dilation, groups, transposed):  # type: ignore[override]
-        blocks = plan.to_blocks(v)
+        cl = conv_channels_last(plan, v.shape[1], weight)
+        blocks = plan.to_blocks(v, channels_last=cl)
         y = torch.ops.aten.convolution(blocks, weight, bias, stride, [0, 0], dilation, transposed, [0, 0], groups)
         ctx.save_for_backward(v, weight)
-        ctx.args = (plan, stride, dilation, groups, transposed, None if bias is None else [bias.shape[0]])
+        ctx.args = (plan, stride, dilation, groups, transposed, None if bias is None else [bias.shape[0]], cl)
         return plan.from_blocks(y)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g):  # type: ignore[override]
         v, weight = ctx.saved_tensors
-        plan, stride, dilation, groups, transposed, bias_sizes = ctx.args
+        plan, stride, dilation, groups, transposed, bias_sizes, cl = ctx.args
         need = list(ctx.needs_input_grad[:3])
         need[2] = need[2] and bias_sizes is not None
         gi, gw, gb = torch.ops.aten.convolution_backward(
-            plan.blocks_of_rows(g.contiguous()), plan.to_blocks(v), weight, bias_sizes, stride, [0, 0], dilation,
-            transposed, [0, 0], groups, need,
+            plan.blocks_of_rows(g.contiguous(), channels_last=cl), plan.to_blocks(v, channels_last=cl), weight,
+            bias_sizes, stride, [0, 0], dilation, transposed, [0, 0], groups, need,
         )
         gv = plan.rows_of_blocks(gi, v.shape[0]) if need[0] else None
         return gv, gw, gb, None, None, None, None, None
@@ -122,36 +135,37 @@ def _on_blocks(plan: SpatialPlan, x: NestedTensor, out_channels: int, native: Ca
 
 
 class _Subsample(torch.autograd.Function):
-    """Every ``s``-th pixel of every image (rows ``(T, C)`` -> ``(T_out, C)``), one strided copy
-    per image; the backward writes the gradient back into a zero buffer the same way."""
+    """Rows ``idx`` of ``v`` (every ``s``-th pixel of every image): one gather; the backward
+    writes the gradient back into a zero buffer with one ``index_copy``."""
 
     @staticmethod
-    def forward(ctx, v: Tensor, hw: list, offs: list, out_offs: list, s: tuple[int, int]) -> Tensor:  # type: ignore[override]
-        ctx.args = (v.shape[0], hw, offs, out_offs, s)
-        out = v.new_empty((out_offs[-1], v.shape[1]))
-        for (h, w), o, q in zip(hw, offs, out_offs):
-            oh, ow = -(-h // s[0]), -(-w // s[1])
-            out[q : q + oh * ow].view(oh, ow, -1).copy_(v[o : o + h * w].view(h, w, -1)[:: s[0], :: s[1]])
-        return out
+    def forward(ctx, v: Tensor, idx: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.rows, ctx.idx = v.shape[0], idx
+        return v.index_select(0, idx)
 
     @staticmethod
     def backward(ctx, g: Tensor):  # type: ignore[override]
-        rows, hw, offs, out_offs, s = ctx.args
-        gv = g.new_zeros((rows, g.shape[1]))
-        for (h, w), o, q in zip(hw, offs, out_offs):
-            oh, ow = -(-h // s[0]), -(-w // s[1])
-            gv[o : o + h * w].view(h, w, -1)[:: s[0], :: s[1]].copy_(g[q : q + oh * ow].view(oh, ow, -1))
-        return gv, None, None, None, None
+        return g.new_zeros((ctx.rows, g.shape[1])).index_copy_(0, ctx.idx, g), None
 
 
 def _strided_1x1(x: NestedTensor, weight: Tensor, bias: Tensor | None, st: tuple[int, int]) -> NestedTensor:
-    """1x1 convolution with stride and no padding: keep every ``s``-th pixel, then a matmul."""
-    hw, off = image_hw("conv2d", x)
-    ohw = torch.stack([(hw[:, 0] + st[0] - 1) // st[0], (hw[:, 1] + st[1] - 1) // st[1]], 1)
-    ooff = torch.cat([off.new_zeros(1), ohw.prod(1).cumsum(0)])
-    v = _Subsample.apply(values_of(x), hw.tolist(), off.tolist(), ooff.tolist(), st)
-    out = F.linear(v, weight.flatten(1), bias)
-    return images_like(out, weight.shape[0], _cache_for(ohw, ooff, x._ragged), x)
+    """1x1 convolution with stride and no padding: keep every ``s``-th pixel (an index cached on
+    the structure), then a matmul."""
+    cache = _cache_of("conv2d", x)
+    dev = x._values.device
+    key = ("subsample", st, dev)
+    hit = cache.plans.get(key)
+    if hit is None:
+        hw, off = cache.hw, cache.host_offsets
+        ohw = torch.stack([(hw[:, 0] + st[0] - 1) // st[0], (hw[:, 1] + st[1] - 1) // st[1]], 1)
+        ooff = torch.cat([off.new_zeros(1), ohw.prod(1).cumsum(0)])
+        _, sid, a, b = _coords(ohw)
+        idx = off[:-1][sid] + a * st[0] * hw[sid, 1] + b * st[1]
+        hit = (idx.to(dev, non_blocking=True), _cache_for(ohw, ooff, x._ragged))
+        cache.plans[key] = hit  # type: ignore[assignment]
+    idx, out_cache = hit  # type: ignore[misc]
+    v = _Subsample.apply(values_of(x), idx)
+    return images_like(F.linear(v, weight.flatten(1), bias), weight.shape[0], out_cache, x)
 
 
 def _patch_conv(x: NestedTensor, weight: Tensor, bias: Tensor | None, kh: int, kw: int) -> NestedTensor:
@@ -204,10 +218,11 @@ def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None
             plan = spatial_plan("conv2d", x, g)  # only to name the image with torch's error
             _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, 0, dil, groups))
         return _patch_conv(x, weight, bias, *k)
-    if k == (1, 1) and pad == (0, 0, 0, 0) and groups == 1 and x.batch_size <= RECT_LIMIT and bool((image_hw("conv2d", x)[0] > 0).all()):
+    if k == (1, 1) and pad == (0, 0, 0, 0) and groups == 1 and bool((image_hw("conv2d", x)[0] > 0).all()):
         return _strided_1x1(x, weight, bias, st)  # a strided projection: no window overlaps, no canvas
     plan = spatial_plan("conv2d", x, g)
-    _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, pad[::2], dil, groups))
+    _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, pad[::2], dil, groups),
+              key=(tuple(weight.shape), weight.dtype, groups, x._values.shape[1]))
     return _plan_conv(plan, x, weight, bias, st, dil, groups, False, weight.shape[0])
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.vision.conv import _on_blocks, _validate
-from padless.ops.vision.spatial import RECT_LIMIT, Geometry, _cache_of, spatial_plan, to_pair, to_padding
+from padless.ops.vision.spatial import Geometry, _cache_of, images_like, spatial_plan, to_pair, to_padding
 from padless.tensor.autograd import rewrap, values_of
 from padless.ops.vision import traced as vision_traced
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
@@ -71,8 +71,40 @@ def max_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, d
     plan = spatial_plan("max_pool2d", x, g)
     c = x._values.shape[1]
     pad = (g.padding[0], g.padding[2])
-    _validate("max_pool2d", plan, c, lambda t: F.max_pool2d(t, g.kernel, g.stride, pad, g.dilation, g.ceil_mode))
-    return _on_blocks(plan, x, c, lambda blk: F.max_pool2d(blk, g.kernel, g.stride, 0, g.dilation), fill=float("-inf"))
+    _validate("max_pool2d", plan, c, lambda t: F.max_pool2d(t, g.kernel, g.stride, pad, g.dilation, g.ceil_mode), key=c)
+    v = values_of(x)
+    if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
+        return _on_blocks(plan, x, c, lambda blk: blk)  # empty output
+    out = _PlanMaxPool.apply(v, plan, list(g.kernel), list(g.stride), list(g.dilation))
+    return images_like(out, c, plan.cache, x)  # type: ignore[arg-type]
+
+
+class _PlanMaxPool(torch.autograd.Function):
+    """rows -> canvas (gaps ``-inf``) -> native max pool -> rows, saving only the packed input.
+
+    Autograd of the native pool would save the canvas and the int64 indices of the output
+    (together about three times the input's bytes; the input rows are already saved by the
+    activation before the pool); here the backward rebuilds the canvas (one gather) and the
+    indices (the pool again). First-order only."""
+
+    @staticmethod
+    def forward(ctx, v: Tensor, plan, kernel: list, stride: list, dilation: list) -> Tensor:  # type: ignore[override]
+        y = F.max_pool2d(plan.to_blocks(v, float("-inf")), kernel, stride, 0, dilation)
+        ctx.save_for_backward(v)
+        ctx.args = (plan, kernel, stride, dilation)
+        return plan.from_blocks(y)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        (v,) = ctx.saved_tensors
+        plan, kernel, stride, dilation = ctx.args
+        blocks = plan.to_blocks(v, float("-inf"))
+        _, idx = torch.ops.aten.max_pool2d_with_indices(blocks, kernel, stride, [0, 0], dilation, False)
+        gi = torch.ops.aten.max_pool2d_with_indices_backward(
+            plan.blocks_of_rows(g.contiguous()), blocks, kernel, stride, [0, 0], dilation, False, idx
+        )
+        return plan.rows_of_blocks(gi, v.shape[0]), None, None, None, None
 
 
 @implements(F.avg_pool2d, accepts="packed images (C, H_i, W_i)")
@@ -88,7 +120,8 @@ def avg_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, c
     c = x._values.shape[1]
     pad = (g.padding[0], g.padding[2])
     _validate("avg_pool2d", plan, c,
-              lambda t: F.avg_pool2d(t, g.kernel, g.stride, pad, g.ceil_mode, count_include_pad, divisor_override))
+              lambda t: F.avg_pool2d(t, g.kernel, g.stride, pad, g.ceil_mode, count_include_pad, divisor_override),
+              key=(c, bool(count_include_pad), divisor_override))
     sums = _on_blocks(plan, x, c, lambda blk: F.avg_pool2d(blk, g.kernel, g.stride, 0, False, True, 1))
     v = values_of(sums)
     if divisor_override:
@@ -158,11 +191,7 @@ def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
     v = values_of(x)
     src = v if row is None else v.index_select(0, row)
     b = x.batch_size
-    if reduce == "mean" and row is None and b <= RECT_LIMIT:  # global pooling of a few images: one sum each
-        off = cache.host_offsets.tolist()
-        sums = torch.stack([v[off[i] : off[i + 1]].sum(0) for i in range(b)]) if b else v.new_zeros((0, c))
-        out = sums / count.to(v.dtype).unsqueeze(1)
-    elif reduce == "mean":
+    if reduce == "mean":
         out = v.new_zeros((b * oh * ow, c)).index_add(0, cell, src) / count.to(v.dtype).unsqueeze(1)
     else:
         out = v.new_zeros((b * oh * ow, c)).scatter_reduce(0, cell.unsqueeze(1).expand(-1, c), src, "amax", include_self=False)

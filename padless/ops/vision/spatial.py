@@ -9,32 +9,38 @@ ceil mode, transposed or not); it is built once from host metadata and cached.
 Two block layouts are built here (``benchmarks/vision.py --designs`` measures them):
 
 * ``"canvas"`` (the default): every image is placed on one shared canvas, inside a box
-  that holds its zero padding and every window it reads; boxes are shelf-packed
-  (tallest first), their origins aligned to the stride, so the canvas output pixel
-  ``(Y/s + a, X/s + b)`` is exactly output pixel ``(a, b)`` of the image whose box starts
-  at ``(Y, X)``. Gaps between images are the padding (fill value), so no window
-  crosses into another image. Every input row lands on the canvas exactly once: each
-  image is one strided copy into a filled NCHW buffer, and its gradient the copy back. Two images ``A`` (2x3) and ``B`` (2x2), 3x3 kernel, padding 1::
+  that holds its top and left padding (``pt + H_i`` by ``pl + W_i``); boxes are
+  skyline-packed (tallest first, each at the lowest place it fits), their origins
+  aligned to the stride, so the canvas output pixel ``(Y/s + a, X/s + b)`` is exactly
+  output pixel ``(a, b)`` of the image whose box starts at ``(Y, X)``. Neighbours share
+  their gaps: a window that reaches past its box (the bottom and right padding) lands in
+  the top or left gap of whatever box lies there, or in empty canvas, so no window
+  crosses into another image (any two boxes that do not overlap are separated along
+  one axis, and the later box's pixels start ``pt`` rows / ``pl`` columns into it).
+  Two images ``A`` (2x3) and ``B`` (2x2), 3x3 kernel, padding 1::
 
-      . . . . . . . . .        '.' = fill (zero, or -inf for max pooling)
-      . A A A . . B B .        box of A: 4x5 at (0, 0): its pixels, padding, windows
-      . A A A . . B B .        box of B: 4x4 at (0, 5)
-      . . . . . . . . .        a 3x3 window of A never reaches a pixel of B
+      . . . . . . . .        '.' = fill (zero, or -inf for max pooling)
+      . A A A . B B .        box of A: 3x4 at (0, 0); box of B: 3x3 at (0, 4)
+      . A A A . B B .        A's windows read column 4: B's left gap
+      . . . . . . . .        one more row and column for the windows at the edges
+
+  Canvases are channels-last, so every move between rows and canvas is one gather of
+  whole rows with an index cached on the plan, whatever the number of images.
 
 * ``"tiles"``: equal output tiles ``t x t`` with their receptive-field halo gathered
   into a batch of small blocks (halo pixels are duplicated, so the gradient is an
   ``index_add``).
 
 Both never allocate the batch-wide padded envelope. Measured on CPU
-(``benchmarks/vision.py --designs``, ResNet-style train step, 12 images of sides
-U[48, 216]): canvas 1.33x the padded batch, tiles 1.04x, so the canvas is the default;
-the tiles layout stays for measurement. A lone 64-channel 3x3 convolution on small
-images is still faster as a per-image loop (canvas 0.82x of it): the canvas pays
-about five copies of the activation per layer (in, out, and three in backward).
+(``benchmarks/vision.py --designs``, ResNet-18-width train step, 12 images of sides
+U[48, 216], one thread): canvas 1.74x the padded batch, the same canvas in NCHW (a
+transpose per move) 1.27x, tiles 1.32x, so the channels-last canvas is the default
+(convolutions whose weight outweighs the canvas keep it NCHW: :func:`conv_channels_last`);
+a lone 64-channel 3x3 convolution on small images runs 1.38x a per-image loop.
 
 Layout of a plan, canvas ``(N, Hb, Wb)`` with ``N = 1``::
 
-    place   (T_in,)   canvas position of every input row            (index_copy target)
+    place   (T_in,)   canvas position of every input row (its inverse, cached: the gather)
     gather  (N*Hb*Wb,) source row of every block position, T_in = fill (tiles only)
     take    (T_out,)  position in the flat block output of every output row
 
@@ -45,7 +51,7 @@ The Collator can build a batch's first-layer plan in its worker with
 from __future__ import annotations
 
 import dataclasses
-import math
+import functools
 import weakref
 from typing import Any, Sequence
 
@@ -53,6 +59,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.host import host_structure
+from padless.ops.vision.pack import pack_boxes
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced
 from padless.tensor.errors import StructureError
@@ -63,7 +70,7 @@ Pair = tuple[int, int]
 LAYOUTS = ("canvas", "tiles")
 DEFAULT_LAYOUT = "canvas"
 TILE = 8  # output tile side of the "tiles" layout
-RECT_LIMIT = 64  # up to this many images, canvas moves are per-image rectangle copies
+CANVAS_FORMAT = "channels_last"  # or "contiguous" (NCHW canvases: a transpose per move), measured by --designs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,58 +132,48 @@ class SpatialPlan:
     cache: "SpatialCache | None" = None  # the output structure's cache (shared plans)
     _divisors: dict = dataclasses.field(default_factory=dict)
 
-    in_rects: list[tuple[int, int, int, int, int]] | None = None  # (row offset, y, x, h, w) per image
-    out_rects: list[tuple[int, int, int, int, int]] | None = None  # the same on the output canvas
+    # The four moves between packed rows and blocks, each one gather over all rows with the
+    # plan's cached indices (no per-image copy: the op count does not grow with the batch; a
+    # gather of whole rows measured 2.5x faster than filling the gaps and scattering the rows).
+    # Canvases are channels-last (``CANVAS_FORMAT``): a pixel's C channels are contiguous, as in
+    # the rows, so a move copies whole rows and no transpose is made.
 
-    # The four moves between packed rows and blocks. With rectangles (a canvas of a few
-    # images) each image is one strided copy of contiguous pixel runs; otherwise (tiles,
-    # or many small samples) one index op over all rows.
-
-    def to_blocks(self, values: Tensor, fill: float = 0.0) -> Tensor:
-        """Packed rows ``(T_in, C)`` -> dense blocks ``(N, C, Hb, Wb)``, contiguous (NCHW: on
-        CPU a batch-of-one channels-last convolution runs about half as fast)."""
+    def to_blocks(self, values: Tensor, fill: float = 0.0, channels_last: bool = True) -> Tensor:
+        """Packed rows ``(T_in, C)`` -> dense blocks ``(N, C, Hb, Wb)``, gaps = ``fill``
+        (channels-last unless ``channels_last=False`` or ``CANVAS_FORMAT`` says otherwise)."""
         n, hb, wb = self.blocks
-        c = values.shape[1]
-        if self.in_rects is not None:
-            buf = values.new_full((n, c, hb, wb), fill)
-            _copy_rects(buf[0], values, self.in_rects, to_canvas=True)
-            return buf
-        if self.place is not None:
-            flat = values.new_full((n * hb * wb, c), fill).index_copy(0, self.place, values)
-        else:
-            ext = torch.cat([values, values.new_full((1, c), fill)])
-            flat = ext.index_select(0, self.gather)  # type: ignore[arg-type]
-        return flat.view(n, hb, wb, c).permute(0, 3, 1, 2).contiguous()
+        src = self.gather if self.gather is not None else self._sources("in", self.place, n * hb * wb)  # type: ignore[arg-type]
+        ext = torch.cat([values, values.new_full((1, values.shape[1]), fill)])
+        return _blocks(ext.index_select(0, src), n, hb, wb, channels_last)
 
     def rows_of_blocks(self, gb: Tensor, rows: int) -> Tensor:
         """Adjoint of :meth:`to_blocks`: block gradients ``(N, C, Hb, Wb)`` -> row gradients ``(rows, C)``."""
-        if self.in_rects is not None:
-            out = gb.new_empty((rows, gb.shape[1]))
-            _copy_rects(gb[0], out, self.in_rects, to_canvas=False)
-            return out
         flat = gb.permute(0, 2, 3, 1).reshape(-1, gb.shape[1])
         if self.place is not None:
             return flat.index_select(0, self.place)
         out = flat.new_zeros((rows + 1, flat.shape[1])).index_add_(0, self.gather, flat)  # type: ignore[arg-type]
         return out[:rows]
 
-    def blocks_of_rows(self, g: Tensor) -> Tensor:
+    def blocks_of_rows(self, g: Tensor, channels_last: bool = True) -> Tensor:
         """Adjoint of :meth:`from_blocks`: output-row gradients ``(T_out, O)`` -> ``(N, O, Ho, Wo)``."""
         n, ho, wo = self.out_blocks
-        if self.out_rects is not None:
-            buf = g.new_zeros((n, g.shape[1], ho, wo))
-            _copy_rects(buf[0], g, self.out_rects, to_canvas=True)
-            return buf
-        buf = g.new_zeros((n * ho * wo, g.shape[1])).index_copy_(0, self.take, g)
-        return buf.view(n, ho, wo, g.shape[1]).permute(0, 3, 1, 2).contiguous()
+        ext = torch.cat([g, g.new_zeros((1, g.shape[1]))])
+        return _blocks(ext.index_select(0, self._sources("out", self.take, n * ho * wo)), n, ho, wo, channels_last)
 
     def from_blocks(self, y: Tensor) -> Tensor:
         """Native output ``(N, O, Ho, Wo)`` -> packed output rows ``(T_out, O)``."""
-        if self.out_rects is not None:
-            out = y.new_empty((int(self.out_offsets[-1]), y.shape[1]))
-            _copy_rects(y[0], out, self.out_rects, to_canvas=False)
-            return out
         return y.permute(0, 2, 3, 1).reshape(-1, y.shape[1]).index_select(0, self.take)
+
+    def _sources(self, side: str, used: Tensor, total: int) -> Tensor:
+        """The inverse of ``used`` (unique block positions of the rows): the row of every block
+        position, ``len(used)`` (the fill row) for the gaps. Computed once per plan and device."""
+        key = ("sources", side, used.device)
+        hit = self._divisors.get(key)  # the plan's derived-index cache (never carried by the Collator)
+        if hit is None:
+            hit = torch.full((total,), used.shape[0], dtype=torch.int64, device=used.device)
+            hit.index_copy_(0, used, torch.arange(used.shape[0], device=used.device))
+            self._divisors[key] = hit
+        return hit
 
     def avg_divisor(self, include_pad: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
         """Per output row, the element count ``F.avg_pool2d`` divides that window's sum by."""
@@ -200,14 +197,19 @@ class SpatialPlan:
         return div
 
 
-def _copy_rects(canvas: Tensor, rows: Tensor, rects: list[tuple[int, int, int, int, int]], to_canvas: bool) -> None:
-    """Copy every image between its packed rows ``(h*w, C)`` and its rectangle of ``canvas`` ``(C, H, W)``."""
-    for off, y, x, h, w in rects:
-        block = rows[off : off + h * w].view(h, w, rows.shape[1]).permute(2, 0, 1)
-        if to_canvas:
-            canvas[:, y : y + h, x : x + w].copy_(block)
-        else:
-            block.copy_(canvas[:, y : y + h, x : x + w])
+def _blocks(flat: Tensor, n: int, h: int, w: int, channels_last: bool = True) -> Tensor:
+    """Flat block positions ``(n*h*w, C)`` as ``(n, C, h, w)``: channels-last (a view), or NCHW."""
+    out = flat.view(n, h, w, flat.shape[1]).permute(0, 3, 1, 2)
+    return out if channels_last and CANVAS_FORMAT == "channels_last" else out.contiguous()
+
+
+def conv_channels_last(plan: "SpatialPlan", channels: int, weight: Tensor) -> bool:
+    """Whether a convolution runs on a channels-last canvas. Its moves are then views, but the
+    native kernel converts the weight to that format (and its gradient back) at every call:
+    worth it while the canvas holds more elements than the weight (early layers: large
+    images, few channels); late layers (small images, 512x512x3x3 weights) stay NCHW."""
+    n, hb, wb = plan.blocks
+    return n * hb * wb * channels >= weight.numel()
 
 
 class RowsToBlocks(torch.autograd.Function):
@@ -331,63 +333,35 @@ def images_like(values: Tensor, channels: int, cache: SpatialCache, like: Nested
 # ------------------------------------------------------------------ packing
 
 
-def _align(x: int, a: int) -> int:
-    return -(-x // a) * a
-
-
-def _shelf_pack(boxes: list[Pair], align: Pair) -> tuple[list[Pair], int, int]:
-    """Shelf-pack boxes ``(h, w)`` (tallest first) onto one canvas; origins aligned.
-
-    Tries a few canvas widths and keeps the smallest area. Boxes of zero area get no room.
-    Returns the origin of every box, and the canvas height and width.
-    """
-    ah, aw = align
-    order = sorted(range(len(boxes)), key=lambda i: -boxes[i][0])
-    live = [i for i in order if boxes[i][0] > 0 and boxes[i][1] > 0]
-    if not live:
-        return [(0, 0)] * len(boxes), 0, 0
-    widths = [_align(boxes[i][1], aw) for i in range(len(boxes))]
-    wmin = max(widths[i] for i in live)
-    area = sum(_align(boxes[i][0], ah) * widths[i] for i in live)
-    cands = {wmin, sum(widths[i] for i in live)}
-    for f in (0.8, 1.0, 1.25, 1.5, 2.0, 3.0):
-        cands.add(max(wmin, _align(int(math.sqrt(area) * f), aw)))
-    best = None
-    for wc in sorted(cands):
-        pos = [(0, 0)] * len(boxes)
-        x = y = shelf = used = 0
-        for i in live:
-            if x + widths[i] > wc and x > 0:
-                y += _align(shelf, ah)
-                x = shelf = 0
-            pos[i] = (y, x)
-            x += widths[i]
-            used = max(used, x)
-            shelf = max(shelf, boxes[i][0])
-        hc = y + shelf
-        if best is None or hc * used < best[1] * best[2]:
-            best = (pos, hc, used)
-    return best  # type: ignore[return-value]
-
-
 def _coords(hw: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Row offsets and per-row ``(sample, row, col)`` of images with sizes ``hw``."""
+    """Row offsets and per-row ``(sample, row, col)`` of images with sizes ``hw`` (the layers of a
+    network meet the same sizes several times: the last few are kept)."""
+    return _coords_of(hw.to(torch.int64).contiguous().numpy().tobytes(), hw.shape[0])  # shared: never written
+
+
+@functools.lru_cache(maxsize=16)
+def _coords_of(key: bytes, b: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    hw = torch.frombuffer(bytearray(key), dtype=torch.int64).view(b, 2)
     off = layout.offsets_from_counts(hw.prod(1))
-    sid, (a, b) = layout.row_coords(hw, off, (0, 1), int(off[-1]))
-    return off, sid, a, b
+    sid, (a, r) = layout.row_coords(hw, off, (0, 1), int(off[-1]))
+    return off, sid, a, r
 
 
 def _grid_index(base: Tensor, hw: Tensor, row_stride: int) -> Tensor:
     """``base[i] + r * row_stride + c`` for every pixel ``(r, c)`` of every image, row-major
-    per image, images in order: the flat position of each packed row on a canvas."""
-    if hw.shape[0] > 64:  # many small samples (sequences): one vectorised pass
-        _, sid, a, b = _coords(hw)
-        return base[sid] + a * row_stride + b
-    parts = [
-        (int(base[i]) + torch.arange(h).unsqueeze(1) * row_stride + torch.arange(w)).flatten()
-        for i, (h, w) in enumerate(hw.tolist())
-    ]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+    per image, images in order: the flat position of each packed row on a canvas.
+
+    Row ``t`` of the packed images is pixel ``(r, c)`` of image ``i`` with ``t = off_i + r*w_i + c``,
+    so its position is ``t + (base_i - off_i) + r*(row_stride - w_i)``: one value per image
+    row, repeated over that row's pixels (two passes over the rows, no division)."""
+    h, w = hw[:, 0], hw[:, 1]
+    off = layout.offsets_from_counts(h * w)
+    total = int(off[-1])
+    rows = int(h.sum())
+    img = torch.repeat_interleave(torch.arange(hw.shape[0]), h, output_size=rows)
+    r = torch.arange(rows) - torch.repeat_interleave(layout.offsets_from_counts(h)[:-1], h, output_size=rows)
+    shift = (base - off[:-1])[img] + r * (row_stride - w[img])
+    return torch.arange(total) + torch.repeat_interleave(shift, w[img], output_size=total)
 
 
 def _canvas(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
@@ -401,15 +375,17 @@ def _canvas(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
             boxes.append((0, 0))
         elif g.transposed:  # in input units: the scattered footprint and the output window
             boxes.append((-(-max((h[i] - 1) * sh + eh, pt + oh[i]) // sh), -(-max((w[i] - 1) * sw + ew, pl + ow[i]) // sw)))
-        else:
-            boxes.append((max(pt + h[i], (oh[i] - 1) * sh + eh), max(pl + w[i], (ow[i] - 1) * sw + ew)))
+        else:  # shared gaps: windows may read up to pt rows (pl cols) past the box, the next box's top gap
+            boxes.append((max(pt + h[i], (oh[i] - 1) * sh + eh - pt), max(pl + w[i], (ow[i] - 1) * sw + ew - pl)))
     align = (1, 1) if g.transposed else (sh, sw)
-    pos, hc, wc = _shelf_pack(boxes, align)
+    pos, hc, wc = pack_boxes(boxes, align)
     if g.transposed:
         hc, wc = hc + 1, wc + 1  # one more input row/col so the output reaches the last box's end
         ho, wo = (hc - 1) * sh + eh, (wc - 1) * sw + ew
-    else:
-        hc, wc = max(hc, eh), max(wc, ew)
+    else:  # room for the windows of the boxes at the bottom and right edges
+        live = [i for i in range(len(h)) if oh[i] > 0 and ow[i] > 0]
+        hc = max([hc, eh] + [pos[i][0] + max(pt + h[i], (oh[i] - 1) * sh + eh) for i in live])
+        wc = max([wc, ew] + [pos[i][1] + max(pl + w[i], (ow[i] - 1) * sw + ew) for i in live])
         ho, wo = (hc - eh) // sh + 1, (wc - ew) // sw + 1
     y0 = torch.tensor([p[0] for p in pos], dtype=torch.int64)
     x0 = torch.tensor([p[1] for p in pos], dtype=torch.int64)
@@ -419,19 +395,7 @@ def _canvas(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
     else:
         place = _grid_index((y0 + pt) * wc + x0 + pl, hw, wc)
         take = _grid_index((y0 // sh) * wo + x0 // sw, ohw, wo)
-    rects = None
-    if len(pos) <= RECT_LIMIT:
-        ioff = layout.offsets_from_counts(hw.prod(1)).tolist()
-        ooff = layout.offsets_from_counts(ohw.prod(1)).tolist()
-        py, px = (0, 0) if g.transposed else (pt, pl)
-        ys, xs = y0.tolist(), x0.tolist()
-        live = [i for i in range(len(pos)) if oh[i] > 0 and ow[i] > 0]
-        if g.transposed:
-            orect = [(ooff[i], ys[i] * sh + pt, xs[i] * sw + pl, oh[i], ow[i]) for i in live]
-        else:
-            orect = [(ooff[i], ys[i] // sh, xs[i] // sw, oh[i], ow[i]) for i in live]
-        rects = ([(ioff[i], ys[i] + py, xs[i] + px, h[i], w[i]) for i in live], orect)
-    return (1, hc, wc), (1, ho, wo), place, None, take, rects
+    return (1, hc, wc), (1, ho, wo), place, None, take
 
 
 def _tiles(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
@@ -459,7 +423,7 @@ def _tiles(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
     _, osid, oa, ob = _coords(ohw)
     tile = toff[osid] + torch.div(oa, t, rounding_mode="floor") * tw[osid] + torch.div(ob, t, rounding_mode="floor")
     take = tile * t * t + (oa % t) * t + ob % t
-    return (n, hb, wb), (n, t, t), None, gather, take, None
+    return (n, hb, wb), (n, t, t), None, gather, take
 
 
 def _new_plan(cache: SpatialCache, g: Geometry, layout_name: str, device: torch.device) -> SpatialPlan:
@@ -476,7 +440,7 @@ def _new_plan(cache: SpatialCache, g: Geometry, layout_name: str, device: torch.
         parts = _canvas(g, hw, ohw)
     else:
         raise ValueError(f"spatial plan: layout must be one of {LAYOUTS}, got {layout_name!r}")
-    blocks, out_blocks, place, gather, take, rects = parts
+    blocks, out_blocks, place, gather, take = parts
     out_off = layout.offsets_from_counts(ohw.prod(1))
 
     def dev(t: Tensor | None) -> Tensor | None:
@@ -484,7 +448,7 @@ def _new_plan(cache: SpatialCache, g: Geometry, layout_name: str, device: torch.
 
     return SpatialPlan(
         g, layout_name, hw, ohw, out_off, too_small, blocks, out_blocks, dev(place), dev(gather), dev(take),  # type: ignore[arg-type]
-        _cache_for(ohw, out_off, cache.ragged), in_rects=rects[0] if rects else None, out_rects=rects[1] if rects else None,
+        _cache_for(ohw, out_off, cache.ragged),
     )
 
 
