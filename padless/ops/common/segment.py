@@ -49,6 +49,21 @@ class Groups:
             self.cache["plan"] = strided_plan(sizes, offsets, ragged, reduced, self.n_groups)
         return self.cache["plan"]
 
+    def runs(self) -> list[tuple[int, int, int]] | None:
+        """Per sample ``(first row, end row, count)`` when every group is ``count`` consecutive
+        rows (one ragged dim reduced, the last in storage order, host metadata on the CPU),
+        else None: then a sample's rows view as ``(groups, count, *static)`` and a dense op
+        along dim 1 reduces every group of the sample at once. Host data, cached."""
+        if "runs" not in self.cache:
+            sizes, offsets, ragged, reduced = self.source
+            ok = (len(reduced) == 1 and ragged and ragged[-1] == reduced[0] and sizes.device.type == "cpu"
+                  and not _is_traced(self.gid))
+            self.cache["runs"] = None
+            if ok:
+                bounds, counts = offsets.tolist(), sizes[:, reduced[0]].tolist()
+                self.cache["runs"] = [(bounds[i], bounds[i + 1], c) for i, c in enumerate(counts)]
+        return self.cache["runs"]
+
 
 def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
     """Group rows for a reduction over ragged sample dims ``reduced`` (cached per structure)."""

@@ -156,7 +156,19 @@ ragged_softmax_op.register_autograd(_backward, setup_context=_setup)
 
 
 def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
-    """The torch twin: max and sum per group with ``scatter_reduce`` / ``index_add``."""
+    """The torch twin: max and sum per group with ``scatter_reduce`` / ``index_add``; when
+    every sample's groups are runs of consecutive rows (``g.runs()``: softmax over the last
+    ragged dim in storage order), one dense softmax per sample on a view instead."""
+    runs = g.runs() if hasattr(g, "runs") else None
+    if runs is not None and g.empty_group_sample < 0:
+        fn = torch.log_softmax if log else torch.softmax
+        static = values.shape[1:]
+        pieces = values.split([hi - lo for lo, hi, _ in runs])  # one split: its backward is one cat
+        parts = [fn(p.reshape(p.shape[0] // c, c, *static), 1).reshape(p.shape)
+                 for p, (lo, hi, c) in zip(pieces, runs) if hi > lo]
+        if not parts:
+            return values.clone()
+        return torch.cat(parts) if len(parts) != 1 else parts[0]
     with torch.no_grad():
         m = twin_reduce(values, g, "amax") if g.n_groups else values.new_zeros((0, *values.shape[1:]))
     shifted = values - m.index_select(0, g.gid)

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import collections
 from typing import Callable, Sequence
 
 import torch
@@ -24,10 +25,11 @@ from torch import Tensor
 
 from padless.ops.pairs import grouped
 from padless.ops.common.structure import STATIC, call, keep_all, restructure, values_dim
-from padless.tensor.autograd import rewrap, values_of
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values, rewrap, values_of
 from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
-from padless.ops.pairs.triangle import traced_pair_einsum
+from padless.ops.pairs.triangle import eager_pair_einsum, traced_pair_einsum
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
@@ -45,7 +47,33 @@ def per_sample(
     outs = [fn(*[s[i] for s in per_op]) for i in range(b)]
     if not outs:
         raise StructureError(f"{op}(): empty batch")
-    return from_list(outs, ragged_dims=out_ragged, keep_history=True)
+    if _is_traced(operands[0]._values):
+        return from_list(outs, ragged_dims=out_ragged, keep_history=True)
+    # The result's structure is cached on the first operand's metadata, keyed by the partners'
+    # structures and the per-sample result shapes: the same op on the same batch gets the same
+    # structure object back, so whatever was derived from it last time (softmax groups,
+    # broadcast plans) is reused; a deep stack builds its index maps once per batch, not once
+    # per layer, and packs with one cat.
+    key = (tuple(id(o._meta) for o in operands[1:]), out_ragged, tuple(tuple(o.shape) for o in outs))
+    cache = operands[0]._meta.derived.setdefault("per_sample_out", collections.OrderedDict())
+    hit = cache.get(key)
+    if hit is None:
+        res = from_list(outs, ragged_dims=out_ragged, keep_history=True)
+        if res._meta.host_sizes is not None:  # partners' metadata kept alive: their ids stay unique
+            cache[key] = (res._offsets, res._sizes, res._meta, res._ragged, tuple(res._env), tuple(o._meta for o in operands[1:]))
+            while len(cache) > PER_SAMPLE_CACHE_SIZE:  # a long-lived operand meeting new partners
+                cache.popitem(last=False)
+        return res
+    cache.move_to_end(key)
+    offsets, sizes, meta, ragged, env, _ = hit
+    order = layout.storage_order(outs[0].dim(), ragged)
+    static = [env[d] for d in order[len(ragged):]]
+    rows = [o.permute(order).reshape(-1, *static) for o in outs]
+    return nested_from_values(torch.cat(rows) if len(rows) > 1 else rows[0], offsets, sizes, ragged, env, meta)
+
+
+PER_SAMPLE_CACHE_SIZE = 16
+"""Result structures one structure keeps for its latest contraction partners (LRU)."""
 
 
 def check_contraction(
@@ -272,6 +300,10 @@ def einsum(func, equation: str, *operands) -> Tensor:
         fused = grouped.contract_nested(operands[0], ins[0][1:], operands[1], ins[1][1:], out[1:])
         if fused is not None:
             return fused
+        if not _is_traced(operands[0]._values):
+            tri = eager_pair_einsum(ins, out, operands)
+            if tri is not None:
+                return tri
     sample_eq = ",".join(s[1:] for s in ins) + "->" + out[1:]
     return per_sample("einsum", lambda *xs: torch.einsum(sample_eq, *xs), operands, out_ragged)
 

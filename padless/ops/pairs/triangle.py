@@ -123,3 +123,59 @@ def traced_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | Non
     eq = f"{x},{y}->{o}"
     vals = pair_einsum(eq, values_of(a).contiguous(), values_of(b).contiguous(), a._offsets, a._sizes, b._sizes)
     return rewrap(vals, a)
+
+
+# ---------------------------------------------------------------------------- eager
+
+
+def _square_pairs(a: NestedTensor, b: NestedTensor) -> bool:
+    """Both ``(N_i, N_i, C)`` pair states stored row-major, with one structure."""
+    if a._ragged != (0, 1) or b._ragged != (0, 1) or a.sample_dim != 3 or b.sample_dim != 3:
+        return False
+    if a.batch_size != b.batch_size or a._values.dtype != b._values.dtype:
+        return False
+    ha = a.host_sizes()
+    if not bool((ha[:, 0] == ha[:, 1]).all()):
+        return False
+    return a._meta is b._meta or torch.equal(ha[:, :2], b.host_sizes()[:, :2])
+
+
+def eager_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | None:
+    """Triangle products of two ``(N_i, N_i, C)`` pair states (``bikc,bjkc->bijc``,
+    ``bkic,bkjc->bijc`` and every other equation with two pair letters and one channel
+    letter last in both operands and the output) as one batched matmul per sample over the
+    channel-major copies of the packed rows, or None outside that pattern.
+
+    The channel letter is the batch of every per-sample matmul: ``values.t()`` is made
+    contiguous once (``(C, sum N_i**2)``), so each sample's ``(C, N_i, N_i)`` operand is a
+    strided view a matmul reads without copying, and the per-sample results are joined
+    with one ``cat`` and transposed back once."""
+    if len(operands) != 2:
+        return None
+    a, b = operands
+    x, y, o = ins[0][1:], ins[1][1:], out[1:]
+    if not (len(x) == len(y) == len(o) == 3) or not (x[2] == y[2] == o[2]) or not _fits(x, y, o):
+        return None
+    k = [c for c in x[:2] if c in y[:2]]
+    if len(k) != 1 or k[0] in o:
+        return None
+    k = k[0]
+    fa, fb = x[1 - x.index(k)], y[1 - y.index(k)]  # the free pair letter of each operand
+    if set(o[:2]) != {fa, fb} or not _square_pairs(a, b):
+        return None
+    at = values_of(a).t().contiguous()  # (C, P)
+    bt = values_of(b).t().contiguous()
+    ta, tb, to = x.index(k) == 0, y.index(k) == 1, o[0] == fb  # which views to transpose
+    ns = a.host_sizes()[:, 0].tolist()
+    c = at.shape[0]
+    rows = [n * n for n in ns]
+    parts = []
+    # one split per operand (its backward is one cat, not a zero-filled gradient per sample)
+    for n, pa, pb in zip(ns, at.split(rows, 1), bt.split(rows, 1)):
+        if n == 0:
+            continue
+        ma, mb = pa.view(c, n, n), pb.view(c, n, n)
+        r = torch.bmm(ma.transpose(1, 2) if ta else ma, mb.transpose(1, 2) if tb else mb)
+        parts.append((r.transpose(1, 2) if to else r).reshape(c, n * n))
+    vals = torch.cat(parts, 1).t().contiguous() if parts else values_of(a).new_empty((0, c))
+    return rewrap(vals, a)

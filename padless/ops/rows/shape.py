@@ -335,3 +335,23 @@ def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
             )
         p += 1
     return restructure(nt, values_of(nt)[tuple(vidx)], new)
+
+
+@implements(torch.repeat_interleave, torch.Tensor.repeat_interleave, accepts="packed; int repeats")
+def repeat_interleave(func, nt: NestedTensor, repeats=None, dim=None, *, output_size=None) -> Tensor:
+    """``x.repeat_interleave(1, dim=0)`` (boltz's pair bias with diffusion multiplicity 1) is a
+    copy with the same structure; any other form takes the path it takes without this handler
+    (torch's decomposition into handled ATen ops, else the per-sample fallback)."""
+    if isinstance(repeats, int) and repeats == 1 and dim is not None and outer_dim(nt, dim, "repeat_interleave") == 0:
+        return nested_from_values(values_of(nt).clone(), nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
+    from padless.tensor.core import _TLS, NeedsPerSample
+    from padless.tensor.fallback import per_sample_function
+
+    kwargs = {"output_size": output_size} if output_size is not None else {}
+    _TLS.depth = getattr(_TLS, "depth", 0) + 1  # as NestedTensor.__torch_function__ does for unhandled calls
+    try:
+        return func(nt, repeats, dim, **kwargs)
+    except NeedsPerSample as e:
+        return per_sample_function(func, (nt, repeats, dim), kwargs, e.aten_op)
+    finally:
+        _TLS.depth -= 1

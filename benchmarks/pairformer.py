@@ -1,0 +1,349 @@
+"""A Pairformer layer (boltz 2.2.1's ``PairformerLayer``), train mode, forward + backward:
+padded batch with its masks vs padless, interleaved, per piece and for the whole layer.
+
+    python benchmarks/pairformer.py [--batch 8] [--lo 16] [--hi 64] [--rounds 10]
+                                    [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts]
+
+The model code is boltz's, unchanged (``zoo/.venv`` has boltz installed:
+``PYTHONPATH=. zoo/.venv/bin/python benchmarks/pairformer.py``). Without boltz, a small
+AlphaFold-style layer written here (:class:`MiniPairformer`, the same pieces written with
+plain torch calls) stands in. Both sides get the same weights and inputs:
+
+- padded: ``s (B, N, Cs)``, ``z (B, N, N, Cz)`` zero-padded to the largest N, with
+  ``mask (B, N)`` and ``pair_mask (B, N, N)``; the loss sums squares over valid positions;
+- padless: ``s (N_i, Cs)``, ``z (N_i, N_i, Cz)`` NestedTensors, masks NestedTensors of ones
+  (``--dense-masks``: the padded batch's dense masks, read in padded coordinates); the loss
+  sums squares over the packed values.
+
+``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
+layer; ``--counts`` prints the aten ops per padless layer step at B=4 and B=16 (a step whose
+op count grows with B runs per-sample loops). The ratio column is padded time / padless
+time, the median of per-round ratios (above 1: padless is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import random
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import padless
+from padless.testing.bench import interleaved
+
+# ----------------------------------------------------------------------------- a stand-in layer
+
+
+class _TriMul(nn.Module):
+    def __init__(self, c: int, outgoing: bool) -> None:
+        super().__init__()
+        self.outgoing = outgoing
+        self.norm_in, self.norm_out = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.p_in, self.g_in = nn.Linear(c, 2 * c, bias=False), nn.Linear(c, 2 * c, bias=False)
+        self.p_out, self.g_out = nn.Linear(c, c, bias=False), nn.Linear(c, c, bias=False)
+
+    def forward(self, x, mask):
+        x = self.norm_in(x)
+        xi = x
+        x = self.p_in(x) * self.g_in(x).sigmoid() * mask.unsqueeze(-1)
+        a, b = torch.chunk(x, 2, dim=-1)
+        eq = "bikd,bjkd->bijd" if self.outgoing else "bkid,bkjd->bijd"
+        return self.p_out(self.norm_out(torch.einsum(eq, a, b))) * self.g_out(xi).sigmoid()
+
+
+class _TriAtt(nn.Module):
+    def __init__(self, c: int, ch: int, h: int, starting: bool) -> None:
+        super().__init__()
+        self.starting, self.h, self.ch = starting, h, ch
+        self.norm = nn.LayerNorm(c)
+        self.bias = nn.Linear(c, h, bias=False)
+        self.q, self.k, self.v = (nn.Linear(c, h * ch, bias=False) for _ in range(3))
+        self.g, self.o = nn.Linear(c, h * ch), nn.Linear(h * ch, c)
+
+    def forward(self, x, mask):
+        if not self.starting:
+            x, mask = x.transpose(-2, -3), mask.transpose(-1, -2)
+        x = self.norm(x)
+        tri = self.bias(x).permute(0, 3, 1, 2).unsqueeze(1)          # (B, 1, H, I, J)
+        mb = (1e9 * (mask - 1))[:, :, None, None, :]                 # (B, I, 1, 1, J)
+        q = self.q(x).unflatten(-1, (self.h, self.ch)).transpose(-2, -3) / math.sqrt(self.ch)
+        k = self.k(x).unflatten(-1, (self.h, self.ch)).transpose(-2, -3)
+        v = self.v(x).unflatten(-1, (self.h, self.ch)).transpose(-2, -3)
+        a = torch.matmul(q, k.transpose(-1, -2)) + mb + tri
+        o = torch.matmul(a.softmax(-1), v).transpose(-2, -3)
+        o = o * self.g(x).sigmoid().unflatten(-1, (self.h, self.ch))
+        o = self.o(o.flatten(-2))
+        return o.transpose(-2, -3) if not self.starting else o
+
+
+class _Transition(nn.Module):
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.norm, self.fc1, self.fc2, self.fc3 = nn.LayerNorm(c), nn.Linear(c, 4 * c), nn.Linear(c, 4 * c), nn.Linear(4 * c, c)
+
+    def forward(self, x):
+        x = self.norm(x)
+        return self.fc3(F.silu(self.fc1(x)) * self.fc2(x))
+
+
+class _PairBiasAttention(nn.Module):
+    def __init__(self, cs: int, cz: int, h: int) -> None:
+        super().__init__()
+        self.h, self.d = h, cs // h
+        self.q, self.k, self.v, self.g, self.o = (nn.Linear(cs, cs) for _ in range(5))
+        self.zn, self.zb = nn.LayerNorm(cz), nn.Linear(cz, h, bias=False)
+
+    def forward(self, s, z, mask, k_in):
+        b = s.shape[0]
+        q = self.q(s).view(b, -1, self.h, self.d)
+        k = self.k(k_in).view(b, -1, self.h, self.d)
+        v = self.v(k_in).view(b, -1, self.h, self.d)
+        bias = self.zb(self.zn(z)).permute(0, 3, 1, 2)
+        a = torch.einsum("bihd,bjhd->bhij", q, k) / self.d ** 0.5 + bias
+        a = (a + (1 - mask[:, None, None]) * -1e6).softmax(-1)
+        o = torch.einsum("bhij,bjhd->bihd", a, v).reshape(b, -1, self.h * self.d)
+        return self.o(self.g(s).sigmoid() * o)
+
+
+class MiniPairformer(nn.Module):
+    """The pieces of an AlphaFold/boltz Pairformer layer with plain torch calls (used when
+    boltz is not installed); same call signature as boltz's ``PairformerLayer``."""
+
+    def __init__(self, cs, cz, num_heads, dropout, pairwise_head_width, pairwise_num_heads) -> None:
+        super().__init__()
+        self.dropout = dropout
+        self.tri_mul_out, self.tri_mul_in = _TriMul(cz, True), _TriMul(cz, False)
+        self.tri_att_start = _TriAtt(cz, pairwise_head_width, pairwise_num_heads, True)
+        self.tri_att_end = _TriAtt(cz, pairwise_head_width, pairwise_num_heads, False)
+        self.transition_z, self.transition_s = _Transition(cz), _Transition(cs)
+        self.pre_norm_s = nn.LayerNorm(cs)
+        self.attention = _PairBiasAttention(cs, cz, num_heads)
+
+    def _drop(self, z, columnwise=False):
+        v = z[:, 0:1, :, 0:1] if columnwise else z[:, :, 0:1, 0:1]
+        p = self.dropout * self.training
+        return (torch.rand(v.shape) >= p) * 1.0 / (1.0 - p)
+
+    def forward(self, s, z, mask, pair_mask):
+        z = z + self._drop(z) * self.tri_mul_out(z, mask=pair_mask)
+        z = z + self._drop(z) * self.tri_mul_in(z, mask=pair_mask)
+        z = z + self._drop(z) * self.tri_att_start(z, mask=pair_mask)
+        z = z + self._drop(z, True) * self.tri_att_end(z, mask=pair_mask)
+        z = z + self.transition_z(z)
+        sn = self.pre_norm_s(s)
+        s = s + self.attention(s=sn, z=z, mask=mask, k_in=sn)
+        return s + self.transition_s(s), z
+
+
+def build_layer(args) -> tuple[nn.Module, str]:
+    torch.manual_seed(0)
+    kw = dict(num_heads=args.heads, dropout=args.dropout, pairwise_head_width=args.pair_width,
+              pairwise_num_heads=args.pair_heads)
+    try:
+        from boltz.model.layers.pairformer import PairformerLayer
+    except ImportError:
+        return MiniPairformer(args.cs, args.cz, **kw), "MiniPairformer (boltz not installed)"
+    layer = PairformerLayer(args.cs, args.cz, v2=True, **kw)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # boltz zero-initialises the last projection of each branch
+        for p in layer.parameters():
+            if p.numel() and not p.any():
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    return layer, "boltz 2.2.1 PairformerLayer(v2=True)"
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+class Batch:
+    """One batch, padded with masks and packed, built before timing (a collate_fn's work)."""
+
+    def __init__(self, ns: list[int], cs: int, cz: int, seed: int, dense_masks: bool = False) -> None:
+        g = torch.Generator().manual_seed(seed)
+        self.ns = ns
+        ss = [torch.randn(n, cs, generator=g) for n in ns]
+        zs = [torch.randn(n, n, cz, generator=g) for n in ns]
+        n = max(ns)
+        self.s = torch.stack([F.pad(a, (0, 0, 0, n - a.shape[0])) for a in ss]).requires_grad_()
+        self.z = torch.stack([F.pad(b, (0, 0, 0, n - b.shape[1], 0, n - b.shape[0])) for b in zs]).requires_grad_()
+        self.mask = torch.stack([F.pad(torch.ones(k), (0, n - k)) for k in ns])
+        self.pair_mask = self.mask[:, :, None] * self.mask[:, None, :]
+        self.ps = padless.from_list(ss, requires_grad=True)
+        self.pz = padless.from_list(zs, requires_grad=True)
+        self.pmask = padless.from_list([torch.ones(k) for k in ns])
+        self.ppair_mask = padless.from_list([torch.ones(k, k) for k in ns])
+        if dense_masks:  # the padded batch's masks, read by padless in padded coordinates
+            self.pmask, self.ppair_mask = self.mask, self.pair_mask
+
+    @property
+    def occupancy(self) -> float:
+        return sum(k * k for k in self.ns) / (len(self.ns) * max(self.ns) ** 2)
+
+
+def _padded_sq(t: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    return (t.pow(2) * m[..., None]).sum()
+
+
+def _packed_sq(t) -> torch.Tensor:
+    return t.values().pow(2).sum()
+
+
+def _s_norm(layer, s):
+    return layer.pre_norm_s(s)
+
+
+# piece name -> (padded loss, padless loss)
+PIECES = {
+    "tri_mul_out": (lambda L, b: _padded_sq(L.tri_mul_out(b.z, mask=b.pair_mask), b.pair_mask),
+                    lambda L, b: _packed_sq(L.tri_mul_out(b.pz, mask=b.ppair_mask))),
+    "tri_mul_in": (lambda L, b: _padded_sq(L.tri_mul_in(b.z, mask=b.pair_mask), b.pair_mask),
+                   lambda L, b: _packed_sq(L.tri_mul_in(b.pz, mask=b.ppair_mask))),
+    "tri_att_start": (lambda L, b: _padded_sq(L.tri_att_start(b.z, mask=b.pair_mask), b.pair_mask),
+                      lambda L, b: _packed_sq(L.tri_att_start(b.pz, mask=b.ppair_mask))),
+    "tri_att_end": (lambda L, b: _padded_sq(L.tri_att_end(b.z, mask=b.pair_mask), b.pair_mask),
+                    lambda L, b: _packed_sq(L.tri_att_end(b.pz, mask=b.ppair_mask))),
+    "transition_z": (lambda L, b: _padded_sq(L.transition_z(b.z), b.pair_mask),
+                     lambda L, b: _packed_sq(L.transition_z(b.pz))),
+    "attention": (lambda L, b: _padded_sq(L.attention(s=_s_norm(L, b.s), z=b.z, mask=b.mask, k_in=_s_norm(L, b.s)), b.mask),
+                  lambda L, b: _packed_sq(L.attention(s=_s_norm(L, b.ps), z=b.pz, mask=b.pmask, k_in=_s_norm(L, b.ps)))),
+    "layer": (lambda L, b: sum(_padded_sq(t, m) for t, m in zip(L(b.s, b.z, b.mask, b.pair_mask), (b.mask, b.pair_mask))),
+              lambda L, b: sum(_packed_sq(t) for t in L(b.ps, b.pz, b.pmask, b.ppair_mask))),
+}
+
+
+def _step(layer, fn, batch):
+    def run():
+        layer.zero_grad(set_to_none=True)
+        fn(layer, batch).backward()
+    return run
+
+
+def lengths(rng: random.Random, b: int, lo: int, hi: int) -> list[int]:
+    return [rng.randint(lo, hi) for _ in range(b)]
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check(layer: nn.Module, batch: Batch) -> float:
+    """Max relative difference of the layer's loss and gradients (padded vs padless, eval
+    mode so no dropout)."""
+    layer = copy.deepcopy(layer).eval()
+    out = []
+    for fn, (s, z) in ((PIECES["layer"][0], (batch.s, batch.z)), (PIECES["layer"][1], (batch.ps, batch.pz))):
+        layer.zero_grad(set_to_none=True)
+        s.grad = z.grad = None
+        loss = fn(layer, batch)
+        loss.backward()
+        out.append((loss.detach(), [p.grad.clone() for p in layer.parameters()], s.grad, z.grad))
+    (l0, g0, s0, z0), (l1, g1, s1, z1) = out
+    # a gradient that is exactly zero in exact arithmetic (a LayerNorm bias feeding only a softmax
+    # bias) is float noise on both sides: compare each gradient against the largest one
+    scale = max(float(a.abs().max()) for a in g0)
+    err = [abs(float(l0 - l1)) / abs(float(l0))]
+    err += [float((a - b).abs().max()) / max(float(a.abs().max()), 1e-4 * scale) for a, b in zip(g0, g1)]
+    for pad, nt in ((s0, s1), (z0, z1)):
+        for i, part in enumerate(nt.unbind()):
+            ref = pad[i][tuple(slice(0, k) for k in part.shape[:-1])]
+            err.append(float((ref - part).abs().max() / ref.abs().max().clamp_min(1e-12)))
+    return max(err)
+
+
+def op_count(layer: nn.Module, batch: Batch) -> tuple[int, int]:
+    """aten ops in one padless layer step: all profiler events named ``aten::*``, and the
+    top-level ones (not called by another aten op: what Python and autograd dispatch)."""
+    run = _step(layer, PIECES["layer"][1], batch)
+    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    ev = [e for e in prof.events() if e.name.startswith("aten::")]
+    top = [e for e in ev if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    return len(ev), len(top)
+
+
+def profile(layer: nn.Module, batch: Batch, top: int) -> None:
+    run = _step(layer, PIECES["layer"][1], batch)
+    run()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    ev = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total = sum(e.self_cpu_time_total for e in ev)
+    print(f"\n### padless layer step: top aten ops by self CPU time ({sum(e.count for e in ev)} aten calls)\n")
+    print("| op | calls | self CPU (ms) | share |")
+    print("|---|---:|---:|---:|")
+    for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]:
+        print(f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / total:.0%} |")
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--lo", type=int, default=16)
+    ap.add_argument("--hi", type=int, default=64)
+    ap.add_argument("--cs", type=int, default=128)
+    ap.add_argument("--cz", type=int, default=64)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--pair-heads", type=int, default=4)
+    ap.add_argument("--pair-width", type=int, default=16)
+    ap.add_argument("--dropout", type=float, default=0.25)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--batches", type=int, default=2, help="batches (new lengths each); rounds per batch")
+    ap.add_argument("--pieces", default="all", help="comma list of " + ",".join(PIECES))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                    help="cpu: this process' CPU time (steadier on a loaded machine)")
+    ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--counts", action="store_true")
+    ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--dense-masks", action="store_true",
+                    help="give padless the padded batch's dense masks (read in padded coordinates)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    layer, what = build_layer(args)
+    layer.train()
+    pieces = list(PIECES) if args.pieces == "all" else args.pieces.split(",")
+    rng = random.Random(0)
+    batches = [Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, seed, args.dense_masks)
+               for seed in range(args.batches)]
+    print(f"{what}; Cs={args.cs} Cz={args.cz} heads={args.heads} pair heads={args.pair_heads}x{args.pair_width} "
+          f"dropout={args.dropout}; {args.clock} clock; B={args.batch}, N~U[{args.lo},{args.hi}]; pair occupancy "
+          + ", ".join(f"{b.occupancy:.2f}" for b in batches) + f"; threads {torch.get_num_threads()}")
+    if not args.no_check:
+        print(f"layer loss + gradients, padded vs padless (eval mode): max relative difference {check(layer, batches[0]):.1e}")
+    if args.rounds:
+        print("\n| piece | padded (ms) | padless (ms) | padded / padless |")
+        print("|---|---:|---:|---:|")
+        for name in pieces:
+            pad_fn, nt_fn = PIECES[name]
+            times = {"padded": [], "padless": []}
+            ratios = []
+            for b in batches:
+                res = interleaved({"padded": _step(layer, pad_fn, b), "padless": _step(layer, nt_fn, b)},
+                                  baseline="padded", rounds=args.rounds, warmup=1, clock=clock)
+                for k in times:
+                    times[k].append(res[k][0])
+                ratios.append(res["padless"][1])
+            print(f"| {name} | {statistics.median(times['padded']) / 1e3:.1f} | "
+                  f"{statistics.median(times['padless']) / 1e3:.1f} | {statistics.median(ratios):.2f}x |", flush=True)
+    if args.counts:
+        c4 = op_count(layer, Batch(lengths(random.Random(4), 4, args.lo, args.hi), args.cs, args.cz, 4))
+        c16 = op_count(layer, Batch(lengths(random.Random(16), 16, args.lo, args.hi), args.cs, args.cz, 16))
+        print(f"\naten ops per padless layer step: B=4 {c4[0]}, B=16 {c16[0]} (ratio {c16[0] / c4[0]:.2f}); "
+              f"top-level: B=4 {c4[1]}, B=16 {c16[1]} (ratio {c16[1] / c4[1]:.2f})")
+    if args.profile:
+        profile(layer, batches[0], 15)
+
+
+if __name__ == "__main__":
+    main()
