@@ -1,7 +1,7 @@
 """torch.compile on variable-size batches: eager padless vs compiled padless vs compiled padded.
 
     python benchmarks/compile.py [--models pair,triangle,encoder] [--backend inductor] [--batches 8]
-                                 [--repeats 3] [--threads 2]
+                                 [--repeats 3] [--threads 2] [--clock wall|cpu] [--fallback-random]
 
 Three models, forward + backward, on batches whose size and lengths change every step:
 
@@ -17,7 +17,7 @@ Three models, forward + backward, on batches whose size and lengths change every
 * ``nn.TransformerEncoderLayer(64, 4, 256, dropout=0, batch_first=True)``, B in 2..16,
   lengths U[16, 128]; the padded twin passes ``src_key_padding_mask``;
 * (``--models decoder``) ``nn.TransformerDecoderLayer(64, 4, 256, batch_first=True)`` in
-  training (dropout 0.1: attention dropout runs in padless' general attention op), causal
+  training (dropout 0.1: attention dropout runs in padless' saving dropout op), causal
   self-attention and cross-attention to the batch itself, same batches as the encoder; the
   padded twin passes both key padding masks.
 
@@ -27,7 +27,9 @@ time (all graphs compiled while warming up); then every batch runs every impleme
 to back ``--repeats`` times, and the table gives the median per-batch time, the median of
 per-batch ratios against eager padless, graphs compiled over the whole run (warm-up
 included) and recompiles after warm-up. Timings on a shared machine are noisy: the load
-average is printed with the table.
+average is printed with the table; ``--clock cpu`` times this process's CPU time
+(``time.process_time``) instead of wall time, which other processes' load disturbs less
+(use it with ``--threads 1``, where CPU time is the work done).
 """
 
 from __future__ import annotations
@@ -159,10 +161,13 @@ def make(model: str, backend: str):
     return net, impls, {"compiled padless": c_nt, "compiled padded": c_pad}
 
 
+CLOCK = time.perf_counter
+
+
 def timed(fn, *args) -> float:
-    t = time.perf_counter()
+    t = CLOCK()
     fn(*args)
-    return time.perf_counter() - t
+    return CLOCK() - t
 
 
 def main() -> None:
@@ -172,9 +177,24 @@ def main() -> None:
     ap.add_argument("--batches", type=int, default=8)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or this process's CPU time")
+    ap.add_argument(
+        "--fallback-random", action="store_true",
+        help="torch._inductor.config.fallback_random: inductor calls aten's RNG (eager's bernoulli_) for dropout "
+        "instead of drawing one Philox number per element in its generated CPU code",
+    )
     args = ap.parse_args()
+    if args.fallback_random:
+        import torch._inductor.config as inductor_config
+
+        inductor_config.fallback_random = True
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
     torch.set_num_threads(args.threads)
-    print(f"threads={args.threads} backend={args.backend} torch {torch.__version__}")
+    print(
+        f"threads={args.threads} backend={args.backend} clock={args.clock} "
+        f"fallback_random={args.fallback_random} torch {torch.__version__}"
+    )
     for model in args.models.split(","):
         net, impls, counters = make(model, args.backend)
         data = batches(model, args.batches)

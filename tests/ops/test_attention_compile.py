@@ -4,7 +4,7 @@ Every test compiles with ``fullgraph=True`` over 8 batches whose size (2 to 32) 
 change (empty samples included), counts graphs with ``CompileCounterWithBackend`` and
 compares outputs and every gradient with eager under the same seed (dropout draws the same
 random numbers: the compiled op runs the eager path's per-sample SDPA calls in its order).
-aot_eager throughout; inductor in the two tests named so (the layer one only with
+aot_eager throughout; inductor in the tests named so (the layer one only with
 ``PADLESS_COMPILE_INDUCTOR=1``: its compile takes ~20 s on a 2-core CPU).
 """
 
@@ -19,7 +19,10 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import padless
-from padless.ops.attention.sdpa_compiled import packed_sdpa_general_fwd
+from padless.ops.attention.sdpa_compiled import (
+    packed_sdpa_dropout_fwd,
+    packed_sdpa_general_fwd,
+)
 from padless.testing import assert_close_samples
 
 # (batch size, seed) of the 8 batches: B changes from 2 to 32.
@@ -166,6 +169,81 @@ def test_general_op_matches_dense_sdpa_per_sample(masked):
     torch.testing.assert_close(out, torch.cat(refs), **TOL)
     for got, ref in zip(grads, ref_grads):
         torch.testing.assert_close(got, torch.cat(ref), **TOL)
+
+
+@pytest.mark.parametrize("case", ["causal_gqa", "additive_mask", "bool_mask"])
+def test_dropout_op_draws_as_dense_sdpa_and_its_saved_backward_matches(case):
+    """The CPU dropout op run eagerly, against dense SDPA with dropout on each sample under the
+    same seed (it makes eager's draws): values, and the gradients its backward computes from the
+    saved weights (query, key, value, an additive mask's rows); empty query and key samples."""
+    g = torch.Generator().manual_seed(5)
+    lq, lk = ([3, 0, 4, 6], [3, 2, 4, 6]) if case == "causal_gqa" else ([3, 0, 4, 2], [5, 2, 4, 0])
+    hk = 2 if case == "causal_gqa" else 4
+    q = torch.randn(sum(lq), 4, 8, generator=g, requires_grad=True)
+    k = torch.randn(sum(lk), hk, 8, generator=g, requires_grad=True)
+    v = torch.randn(sum(lk), hk, 8, generator=g, requires_grad=True)
+    qo, ko = (torch.tensor([0, *torch.tensor(x).cumsum(0).tolist()]) for x in (lq, lk))
+    if case == "bool_mask":
+        dense_masks = [torch.rand(a, s, generator=g) < 0.7 for a, s in zip(lq, lk)]
+        for m in dense_masks:
+            m[:, :1] = m.shape[1] > 0
+            m[:1] = False  # a row without keys: zeros, as the safe softmax gives
+        mrows = torch.cat([m.reshape(-1, 1) for m in dense_masks])
+        ms = torch.tensor([[1, a, s] for a, s in zip(lq, lk)])
+    else:
+        dense_masks = [torch.randn(4, a, s, generator=g) for a, s in zip(lq, lk)]
+        mrows = torch.cat([m.permute(1, 2, 0).reshape(-1, 4) for m in dense_masks]).requires_grad_()
+        ms = torch.tensor([[4, a, s] for a, s in zip(lq, lk)])
+    mo = torch.tensor([0, *torch.tensor([a * s for a, s in zip(lq, lk)]).cumsum(0).tolist()])
+    masked, gqa = case != "causal_gqa", case == "causal_gqa"
+    args = (mrows, mo, ms) if masked else (None, None, None)
+    torch.manual_seed(11)
+    out = packed_sdpa_dropout_fwd(q, k, v, qo, ko, *args, 0.3, not masked, None, gqa, max(lk))[0]
+    go = torch.randn(out.shape, generator=g)
+    leaves = (q, k, v, mrows) if case == "additive_mask" else (q, k, v)
+    grads = torch.autograd.grad(out, leaves, go)
+    torch.manual_seed(11)
+    refs, ref_grads = [], [[] for _ in leaves]
+    for i in range(len(lq)):
+        qi = q.detach()[qo[i]:qo[i + 1]].transpose(0, 1).unsqueeze(0).requires_grad_()
+        ki = k.detach()[ko[i]:ko[i + 1]].transpose(0, 1).unsqueeze(0).requires_grad_()
+        vi = v.detach()[ko[i]:ko[i + 1]].transpose(0, 1).unsqueeze(0).requires_grad_()
+        mi = dense_masks[i].clone().requires_grad_(case == "additive_mask")
+        o = F.scaled_dot_product_attention(
+            qi, ki, vi, attn_mask=mi if masked else None, dropout_p=0.3, is_causal=not masked, enable_gqa=gqa
+        )[0].transpose(0, 1)
+        refs.append(o)
+        gs = torch.autograd.grad(o, (qi, ki, vi, mi)[:len(leaves)], go[qo[i]:qo[i + 1]], allow_unused=True)
+        gs = [torch.zeros_like(t) if gr is None else gr for t, gr in zip((qi, ki, vi, mi), gs)]
+        for j in range(3):
+            ref_grads[j].append(gs[j][0].transpose(0, 1))
+        if case == "additive_mask":
+            ref_grads[3].append(gs[3].permute(1, 2, 0).reshape(-1, 4))
+    torch.testing.assert_close(out, torch.cat(refs), **TOL)
+    for got, ref in zip(grads, ref_grads):
+        torch.testing.assert_close(got, torch.cat(ref), **TOL)
+
+
+def test_inductor_causal_dropout_backward_draws_nothing_and_equals_eager():
+    """Causal self-attention with dropout (the decoder's case) under inductor: same seed, same
+    values and gradients as eager; the backward reads the saved weights, so it makes no random
+    draw (it used to replay each sample's forward and its dropout)."""
+    def f(x):
+        return F.scaled_dot_product_attention(x, x, x, dropout_p=0.2, is_causal=True)
+
+    cf = torch.compile(f, backend="inductor", fullgraph=True)
+    for b, seed in BATCHES[:3]:
+        x, ref_x = _heads(_lengths(b, seed), 2, seed), _heads(_lengths(b, seed), 2, seed)
+        torch.manual_seed(seed)
+        out = cf(x)
+        torch.manual_seed(seed)
+        ref = f(ref_x)
+        assert_close_samples(out, list(ref.unbind()), atol=1e-5, rtol=1e-5)
+        with torch.profiler.profile() as prof:
+            (out.values() ** 2).sum().backward()
+        assert not [e.name for e in prof.events() if "bernoulli" in e.name]
+        (ref.values() ** 2).sum().backward()
+        torch.testing.assert_close(x.grad.values(), ref_x.grad.values(), atol=1e-5, rtol=1e-5)
 
 
 # ---------------------------------------------------------------------------- modules

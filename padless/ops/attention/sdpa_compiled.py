@@ -7,8 +7,11 @@ the packed rows and their offsets instead (:func:`traced_attention` picks it):
 ``padless::packed_sdpa_fwd`` without masks, dropout or grouped-query heads (below), and
 ``padless::packed_sdpa_general_fwd`` with them (see "masks, dropout, GQA" further down:
 per-sample masks travel as packed rows + offsets, dropout draws what eager draws under
-the same seed, the backward recomputes each sample). ``mask_mod``/``score_mod`` are
-refused under compile with an error naming the fix (build the mask as a NestedTensor).
+the same seed, the backward recomputes each sample), except dropout on the CPU in
+float32/float64: ``padless::packed_sdpa_dropout_fwd`` makes eager's math-path calls and
+saves the attention weights, so its backward recomputes nothing ("dropout on the CPU"
+below). ``mask_mod``/``score_mod`` are refused under compile with an error naming the fix
+(build the mask as a NestedTensor).
 
 The first op's fake implementation only says "output rows = query rows", so the
 compiler never needs the offsets' values; its real implementation runs torch's SDPA on
@@ -322,6 +325,162 @@ def _general_backward(ctx, grad, _grad_rng):
 packed_sdpa_general_fwd.register_autograd(_general_backward, setup_context=_general_setup)
 
 
+# ---------------------------------------------------------------------------- dropout on the CPU: saved, not recomputed
+#
+# Eager CPU SDPA with dropout (float32/float64) runs torch's math path: scores
+# ``(q*c) @ (k*c)^T`` (c = sqrt(scale)), a causal or user mask added, ``_safe_softmax``, then
+# ``dropout``: ``noise = empty_like(p).bernoulli_(1 - dropout_p).div_(1 - dropout_p)``,
+# ``out = (p * noise) @ v``. This op makes the same calls per sample (same shapes, same
+# order, so the same draws under the same seed) and keeps what eager's autograd keeps, the
+# softmax ``p`` and the dropped-out ``a = p * noise``, so its backward runs no forward again:
+#
+#     dv = a^T @ dout     da = dout @ v^T     t = a * da     ds = t - p * rowsum(t)
+#     dq = ds @ k * scale     dk = ds^T @ q * scale     d(additive mask) = ds
+#
+# Saved layout: ``saved (2, Tq*lead*S_max)``, [0] the samples' ``p``, [1] their ``a``: sample
+# i's ``(*lead, L_i, S_i)`` weights are one contiguous block from ``qs*lead*S_max`` (lead:
+# the product of the static dims; what follows a block up to the next is never written nor
+# read). S_max is the key envelope, a size the graph knows; the exact ``sum L_i*S_i`` would
+# be an unbacked size that the NestedTensor output, which alone leaves the traced call,
+# cannot bind. The weights are computed in place in their blocks (no copy).
+
+
+def _saves(q: Tensor, dropout_p: float) -> bool:
+    """Dropout on the CPU in float32/float64: eager runs torch's math path, which this op mirrors."""
+    return 0.0 < dropout_p < 1.0 and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+
+
+def _expand_heads(x: Tensor, heads: int, enable_gqa: bool) -> Tensor:
+    return x.repeat_interleave(heads // x.shape[-3], dim=-3) if enable_gqa and x.shape[-3] != heads else x
+
+
+def _scale_sqrt(e: int, scale: float | None) -> float:
+    return (scale if scale is not None else e ** -0.5) ** 0.5
+
+
+@torch.library.custom_op(
+    "padless::packed_sdpa_dropout_fwd", mutates_args=(), tags=(torch.Tag.nondeterministic_seeded,)
+)
+def packed_sdpa_dropout_fwd(
+    q: Tensor, k: Tensor, v: Tensor, q_offsets: Tensor, k_offsets: Tensor,
+    mask: Tensor | None, mask_offsets: Tensor | None, mask_sizes: Tensor | None,
+    dropout_p: float, is_causal: bool, scale: float | None, enable_gqa: bool, k_max: int,
+) -> tuple[Tensor, Tensor]:
+    """SDPA with dropout of every sample's rows, eager's math path call for call (see the section
+    comment); returns the output rows and ``saved`` (2, Tq*lead*k_max): each sample's softmax
+    and dropped-out attention weights (``k_max``: at least every key length)."""
+    bounds, lengths = _general_bounds(q_offsets, k_offsets)
+    masks = _mask_parts(mask, mask_offsets, mask_sizes, lengths)
+    out = q.new_zeros((q.shape[0], *q.shape[1:-1], v.shape[-1]))
+    saved = q.new_empty((2, _saved_size(q, k_max)))
+    lead = q.shape[1:-1].numel()
+    c = _scale_sqrt(q.shape[-1], scale)
+    for (qs, qe, ks, ke), mi in zip(bounds, masks):
+        if ke - ks > k_max:
+            raise ValueError(f"packed_sdpa_dropout_fwd(): a sample has {ke - ks} keys, more than k_max={k_max}")
+        qi = _sample_view(q[qs:qe])
+        ki = _expand_heads(_sample_view(k[ks:ke]), qi.shape[-3], enable_gqa)
+        vi = _expand_heads(_sample_view(v[ks:ke]), qi.shape[-3], enable_gqa)
+        p, a = _saved_blocks(saved, qi, qs * lead * k_max, ke - ks)
+        sc = (qi * c) @ (ki * c).transpose(-2, -1)
+        if is_causal:
+            lq, lk = sc.shape[-2:]
+            sc.masked_fill_(torch.ones(lq, lk, dtype=torch.bool, device=sc.device).triu(1), float("-inf"))
+        elif mi is not None:
+            sc = sc.masked_fill(mi.logical_not(), float("-inf")) if mi.dtype == torch.bool else sc + mi
+        if mi is None:  # no row without keys (causal is top-left): softmax is the safe softmax
+            torch.ops.aten._softmax.out(sc, -1, False, out=p)
+        else:
+            p.copy_(torch.ops.aten._safe_softmax(sc, -1))
+        a.bernoulli_(1 - dropout_p).div_(1 - dropout_p).mul_(p)  # eager's draw: noise shaped like p
+        out[qs:qe] = _sample_rows(a @ vi, q[qs:qe])
+    return out, saved
+
+
+def _saved_size(q: Tensor, k_max):
+    """``Tq*lead*k_max`` as a product of sizes (``Size.numel()`` would specialise symbolic ones)."""
+    n = k_max
+    for d in q.shape[:-1]:
+        n = n * d
+    return n
+
+
+def _saved_blocks(saved: Tensor, qi: Tensor, start: int, lk: int) -> tuple[Tensor, Tensor]:
+    """A sample's ``p`` and ``a`` blocks ``(*qi.shape[:-1], lk)`` of ``saved`` from ``start``
+    (see the section comment)."""
+    shape = torch.Size((*qi.shape[:-1], lk))
+    n = shape.numel()
+    return saved[0, start:start + n].view(shape), saved[1, start:start + n].view(shape)
+
+
+@packed_sdpa_dropout_fwd.register_fake
+def _packed_sdpa_dropout_fwd_fake(q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, dropout_p, is_causal, scale, enable_gqa, k_max):
+    return q.new_empty((q.shape[0], *q.shape[1:-1], v.shape[-1])), q.new_empty((2, _saved_size(q, k_max)))
+
+
+@torch.library.custom_op("padless::packed_sdpa_dropout_backward", mutates_args=())
+def packed_sdpa_dropout_backward(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, saved: Tensor, q_offsets: Tensor, k_offsets: Tensor,
+    mask: Tensor | None, mask_offsets: Tensor | None, mask_sizes: Tensor | None,
+    scale: float | None, enable_gqa: bool, mask_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Gradients of :func:`packed_sdpa_dropout_fwd` for ``q``, ``k``, ``v`` and (``mask_grad``:
+    an additive mask; else an empty tensor) the mask rows, from the saved weights (no recompute)."""
+    bounds, lengths = _general_bounds(q_offsets, k_offsets)
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    dm = torch.zeros(mask.shape, dtype=mask.dtype, device=mask.device) if mask_grad else q.new_empty(0)
+    mo, ms = (mask_offsets.tolist(), mask_sizes.tolist()) if mask_grad else (None, None)
+    c2 = _scale_sqrt(q.shape[-1], scale) ** 2
+    lead = q.shape[1:-1].numel()
+    k_max = saved.shape[1] // max(q.shape[:-1].numel(), 1)
+    for i, (qs, qe, ks, ke) in enumerate(bounds):
+        qi, gi = _sample_view(q[qs:qe]), _sample_view(grad[qs:qe])
+        ki, vi = _sample_view(k[ks:ke]), _sample_view(v[ks:ke])
+        heads = qi.shape[-3]
+        kx, vx = _expand_heads(ki, heads, enable_gqa), _expand_heads(vi, heads, enable_gqa)
+        p, a = _saved_blocks(saved, qi, qs * lead * k_max, ke - ks)
+        gv = a.transpose(-2, -1) @ gi
+        t = a * (gi @ vx.transpose(-2, -1))
+        ds = t - p * t.sum(-1, keepdim=True)
+        gq = ds @ kx * c2
+        gk = ds.transpose(-2, -1) @ qi * c2
+        if kx is not ki:  # grouped-query heads: each key head's gradient sums over its query heads
+            gk = gk.unflatten(-3, (ki.shape[-3], -1)).sum(-3)
+            gv = gv.unflatten(-3, (vi.shape[-3], -1)).sum(-3)
+        dq[qs:qe] = _sample_rows(gq, q[qs:qe])
+        dk[ks:ke] = _sample_rows(gk, k[ks:ke])
+        dv[ks:ke] = _sample_rows(gv, v[ks:ke])
+        if mask_grad:
+            view = _mask_view(dm[mo[i]:mo[i + 1]], ms[i], i, *lengths[i])
+            view.copy_(ds.sum_to_size(view.shape))
+    return dq, dk, dv, dm
+
+
+@packed_sdpa_dropout_backward.register_fake
+def _packed_sdpa_dropout_backward_fake(grad, q, k, v, saved, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, scale, enable_gqa, mask_grad):
+    dm = torch.empty_like(mask) if mask_grad else q.new_empty(0)
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), dm
+
+
+def _dropout_setup(ctx, inputs, output) -> None:
+    q, k, v, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, _dropout_p, _is_causal, scale, enable_gqa, _k_max = inputs
+    ctx.save_for_backward(q, k, v, output[1], q_offsets, k_offsets, mask, mask_offsets, mask_sizes)
+    ctx.args = (scale, enable_gqa)
+    ctx.mask_grad = mask is not None and mask.is_floating_point()
+
+
+def _dropout_backward(ctx, grad, _grad_saved):
+    q, k, v, saved, q_offsets, k_offsets, mask, mask_offsets, mask_sizes = ctx.saved_tensors
+    mask_grad = ctx.mask_grad and ctx.needs_input_grad[5]
+    dq, dk, dv, dm = packed_sdpa_dropout_backward(
+        grad.contiguous(), q, k, v, saved, q_offsets, k_offsets, mask, mask_offsets, mask_sizes, *ctx.args, mask_grad
+    )
+    return dq, dk, dv, None, None, dm if mask_grad else None, None, None, None, None, None, None, None
+
+
+packed_sdpa_dropout_fwd.register_autograd(_dropout_backward, setup_context=_dropout_setup)
+
+
 # ---------------------------------------------------------------------------- entry point
 
 
@@ -341,13 +500,19 @@ def check_mask_layout(op: str, attn_mask) -> None:
 def traced_attention(query, key, value, attn_mask, dropout_p: float, is_causal: bool, scale, enable_gqa: bool) -> Tensor:
     """Packed output rows of SDPA over NestedTensors inside a compiled graph: one opaque op over
     the packed rows (host offsets read when it runs); the fused-kernel op without masks,
-    dropout or grouped-query heads, the general op otherwise."""
+    dropout or grouped-query heads, the saving dropout op for dropout on the CPU, the general
+    op otherwise."""
     from padless.tensor.autograd import values_of
 
     q, k, v = values_of(query), values_of(key), values_of(value)
     if attn_mask is None and dropout_p == 0.0 and not enable_gqa:
         return packed_sdpa(q, k, v, query._offsets, key._offsets, is_causal, scale)
     m, mo, ms = (None, None, None) if attn_mask is None else (values_of(attn_mask), attn_mask._offsets, attn_mask._sizes)
+    if _saves(q, dropout_p) and not (is_causal and attn_mask is not None):  # (both: the general op raises eager's error)
+        return packed_sdpa_dropout_fwd(
+            q, k, v, query._offsets, key._offsets, m, mo, ms, float(dropout_p), is_causal, scale, enable_gqa,
+            key._env[-2],
+        )[0]
     return packed_sdpa_general_fwd(
         q, k, v, query._offsets, key._offsets, m, mo, ms, float(dropout_p), is_causal, scale, enable_gqa
     )[0]
