@@ -1,9 +1,22 @@
+import hashlib
 import os
+import pathlib
+import tempfile
 
-import pytest
-import torch
+# Inductor's caches key a compiled graph on its ops, not on the Python behind padless'
+# custom ops (their fake implementations decide output layouts), so a cache written by
+# another version of padless can serve a graph whose strides no longer match. The tests
+# compile into a cache of their own per padless source, kept across runs of the same source.
+# Set before torch is imported: inductor reads the directory once.
+_src = hashlib.blake2b(digest_size=8)
+for _f in sorted((pathlib.Path(__file__).resolve().parents[1] / "padless").rglob("*.py")):
+    _src.update(_f.read_bytes())
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"padless-inductor-{_src.hexdigest()}"))
 
-import padless  # noqa: F401  (registers handlers)
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import padless  # noqa: E402, F401  (registers handlers)
 
 torch.manual_seed(0)
 

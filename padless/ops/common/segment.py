@@ -55,10 +55,12 @@ class Groups:
         else None: then a sample's rows view as ``(groups, count, *static)`` and a dense op
         along dim 1 reduces every group of the sample at once. Host data, cached."""
         if "runs" not in self.cache:
+            self.cache["runs"] = None
+            if not self.source:  # groups built without their source (e.g. by the Collator's workers)
+                return None
             sizes, offsets, ragged, reduced = self.source
             ok = (len(reduced) == 1 and ragged and ragged[-1] == reduced[0] and sizes.device.type == "cpu"
                   and not _is_traced(self.gid))
-            self.cache["runs"] = None
             if ok:
                 bounds, counts = offsets.tolist(), sizes[:, reduced[0]].tolist()
                 self.cache["runs"] = [(bounds[i], bounds[i + 1], c) for i, c in enumerate(counts)]
