@@ -15,19 +15,14 @@ import torch
 import padless
 
 transformers = pytest.importorskip("transformers")
+from padless.testing.hf import tiny_model  # noqa: E402
 import padless.hf  # noqa: E402  (registers attn_implementation="padless")
 
 LENGTHS = [5, 1, 9, 3]
 
 
 def _model(kind: str, attn: str = "padless") -> torch.nn.Module:
-    common = dict(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  max_position_embeddings=64, attn_implementation=attn)
-    torch.manual_seed(0)
-    if kind == "bert":
-        cfg = transformers.BertConfig(**common, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-        return transformers.BertModel(cfg)
-    return transformers.LlamaModel(transformers.LlamaConfig(**common, num_key_value_heads=2))
+    return tiny_model(kind, attn)
 
 
 def _ids() -> list[torch.Tensor]:
