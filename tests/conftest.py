@@ -26,3 +26,13 @@ def _reset_dynamo():
     yield
     if os.environ.get("PADLESS_KEEP_DYNAMO") is None:
         torch._dynamo.reset()
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test single-threaded (same results): tests of many tiny ops would otherwise wait on
+    a second OpenMP thread's wake-up on a busy machine."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -32,15 +32,6 @@ def _graph_nodes(t: torch.Tensor) -> list[str]:
     return names
 
 
-@pytest.fixture
-def one_thread():
-    """The dense reference makes hundreds of tiny calls; on a busy machine each multi-threaded
-    call waits on its thread team, so the large-batch test runs single-threaded (same results)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def _sdpa(a, b, c):
     return F.scaled_dot_product_attention(a, b, c)

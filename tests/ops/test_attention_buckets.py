@@ -30,13 +30,6 @@ def _sdpa_calls(t: torch.Tensor) -> int:
     return n
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_buckets_equal_dense_sdpa_per_sample(causal, one_thread):

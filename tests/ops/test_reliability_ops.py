@@ -103,14 +103,6 @@ def _live_metas() -> int:
     return sum(1 for o in gc.get_objects() if type(o) is StructureMeta)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny host-metadata ops; on a busy machine waking a second OpenMP thread costs ms each."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 def test_broadcast_plans_of_a_long_lived_left_operand_stay_bounded(one_thread):
     # Before: one plan per partner, each keeping two StructureMetas alive (2,002 after 1,000 steps)

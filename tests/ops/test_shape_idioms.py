@@ -15,6 +15,18 @@ SEQ = [(3, 8), (0, 8), (5, 8), (1, 8)]
 PAIR = [(3, 3, 4), (0, 0, 4), (2, 2, 4)]
 
 
+def _same_values_and_grads(out, refs, x, dense, dn, dr):
+    """``out`` equals the per-sample ``refs``, and the gradients of one squared-sum loss agree:
+    the NestedTensor's against each dense sample's, the dense operand ``dn``'s against ``dr``'s."""
+    for got, ref in zip(out.unbind(), refs):
+        torch.testing.assert_close(got, ref.detach())
+    (out.values() ** 2).sum().backward()
+    sum((r**2).sum() for r in refs).backward()
+    torch.testing.assert_close(dn.grad, dr.grad)
+    for g, s in zip(x.grad.unbind(), dense):
+        torch.testing.assert_close(g, s.grad)
+
+
 def test_reshape_keyword_shape():
     nts = [leaves(SEQ, 1, dtype=torch.float64)]
     check_samples(lambda x: x.reshape(shape=(4, -1, 2, 4)), lambda s: s.reshape(shape=(-1, 2, 4)), nts)
@@ -81,13 +93,7 @@ def test_dense_expand_as(dshape):
         if w.shape[0] == dims["L"] and dims["L"] != 1:
             w = w[: s.shape[0]]
         refs.append(w.expand_as(s) * s)
-    for got, ref in zip(out.unbind(), refs):
-        torch.testing.assert_close(got, ref.detach())
-    (out.values() ** 2).sum().backward()
-    sum((r**2).sum() for r in refs).backward()
-    torch.testing.assert_close(dn.grad, dr.grad)
-    for g, s in zip(x.grad.unbind(), dense):
-        torch.testing.assert_close(g, s.grad)
+    _same_values_and_grads(out, refs, x, dense, dn, dr)
 
 
 def test_dense_expand_as_refuses_what_does_not_expand():
@@ -143,13 +149,7 @@ def test_cat_dense_in_padded_coordinates_along_a_static_dim():
     dn, dr = d.clone().requires_grad_(), d.clone().requires_grad_()
     out = torch.cat([x, dn], dim=-1)
     refs = [torch.cat([s, dr[i, : s.shape[0]]], -1) for i, s in enumerate(dense)]
-    for got, ref in zip(out.unbind(), refs):
-        torch.testing.assert_close(got, ref.detach())
-    (out.values() ** 2).sum().backward()
-    sum((r**2).sum() for r in refs).backward()
-    torch.testing.assert_close(dn.grad, dr.grad)
-    for g, s in zip(x.grad.unbind(), dense):
-        torch.testing.assert_close(g, s.grad)
+    _same_values_and_grads(out, refs, x, dense, dn, dr)
 
 
 def test_cat_dense_block_errors():
