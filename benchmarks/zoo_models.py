@@ -49,25 +49,6 @@ def _boltz_no_chunk(model: nn.Module) -> Callable[[], None]:
     return _patch(tri.TriangleAttention, "forward", forward)
 
 
-def _smp_unet_scale2(model: nn.Module) -> Callable[[], None]:
-    from segmentation_models_pytorch.decoders.unet import decoder as unet
-
-    def forward(self, feature_map, target_height, target_width, skip_connection=None):
-        feature_map = F.interpolate(feature_map, scale_factor=2.0, mode=self.interpolation_mode)  # the edit
-        if skip_connection is not None:
-            feature_map = torch.cat([feature_map, skip_connection], dim=1)
-            feature_map = self.attention1(feature_map)
-        feature_map = self.conv1(feature_map)
-        feature_map = self.conv2(feature_map)
-        return self.attention2(feature_map)
-
-    return _patch(unet.UnetDecoderBlock, "forward", forward)
-
-
-def _hf_no_cache(model: nn.Module) -> Callable[[], None]:
-    return _patch(model.config, "use_cache", False)
-
-
 EDITS = {
     "boltz-no-chunk": Edit(
         "boltz-no-chunk",
@@ -76,22 +57,6 @@ EDITS = {
         "and raises `ValueError: Not supported` for any subclass, a NestedTensor included (boltz's own check); "
         "the edit calls `TriangleAttention` with `chunk_size=None`, as training mode does",
         _boltz_no_chunk,
-    ),
-    "smp-unet-scale2": Edit(
-        "smp-unet-scale2",
-        "smp's `UnetDecoder` reads every skip's spatial size from `feature.shape[2:]` (the padded envelope) "
-        "and `UnetDecoderBlock` resizes with `F.interpolate(size=(H, W))`, which sends every image to the "
-        "envelope, so the cat with its skip fails; the edit upsamples with `scale_factor=2` instead (the same "
-        "sizes for image sides that are multiples of 32, which smp requires)",
-        _smp_unet_scale2,
-    ),
-    "hf-use-cache-off": Edit(
-        "hf-use-cache-off",
-        "in eval mode LlamaModel makes a `DynamicCache` (`config.use_cache=True`), whose first update "
-        "concatenates the new keys onto an empty dense `torch.tensor([])`; padless refuses a cat of a dense "
-        "tensor with NestedTensors; the edit sets `model.config.use_cache = False` (what training and "
-        "padless' FlatteningCollator use)",
-        _hf_no_cache,
     ),
 }
 
@@ -314,7 +279,7 @@ def image_cases() -> list[Case]:
     for arch, grad in (("Unet", True), ("FPN", False)):
         out.append(Case(f"smp {arch} (resnet18)", "smp", "images 3x{64,96,128}^2, B 4", lambda a=arch: build_smp(a),
                         lambda s: image_samples(s, 4, 64, 128, multiple=32), shapes, _img_batched, _img_single,
-                        _img_padded_loss, grad=grad, edits=("smp-unet-scale2",) if arch == "Unet" else ()))
+                        _img_padded_loss, grad=grad))
     return out
 
 
@@ -432,8 +397,7 @@ def token_cases() -> list[Case]:
     for kind, label in (("bert", "BERT"), ("llama", "Llama")):
         out.append(Case(f"transformers {label} (inputs_embeds=nt)", "transformers", "embeds (L_i, 128), L 16..128, B 6",
                         lambda k=kind: build_hf(k), lambda s: token_samples(s), emb_shapes, _hf_embeds_batched,
-                        _hf_embeds_single, _hf_embeds_padded_loss, grad=(kind == "bert"),
-                        edits=("hf-use-cache-off",) if kind == "llama" else ()))
+                        _hf_embeds_single, _hf_embeds_padded_loss, grad=(kind == "bert")))
         out.append(Case(f"transformers {label} (FlatteningCollator, padless attention)", "transformers", "input_ids L 16..128, B 6, packed (1, T)",
                         lambda k=kind: build_hf(k), lambda s: id_seqs(s), id_shapes, _collated, _hf_ids_single,
                         _hf_ids_padded_loss, _hf_collated_loss, grad=(kind == "llama")))

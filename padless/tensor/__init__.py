@@ -6,6 +6,7 @@ from padless.tensor.construct import from_list, from_njt, from_padded, from_valu
 from padless.tensor.convert import to_njt, to_padded, unbind_samples, valid_mask
 from padless.tensor.core import NestedTensor, StructureMeta, _rebuild_nested
 from padless.tensor.errors import StructureError
+from padless.tensor.extents import Extent, envelope_shape, envelope_size
 
 
 def _attach() -> None:
@@ -28,6 +29,10 @@ def _attach() -> None:
         """``torch.nested`` jagged tensor with the same samples (one ragged dim). Keeps autograd."""
         return to_njt(self)
 
+    # ``x.shape`` / ``x.size()``: the envelope, whose ragged entries remember each sample's
+    # own size (padless.tensor.extents), so ``F.interpolate(x, size=skip.shape[2:])`` works.
+    NestedTensor.shape = property(envelope_shape, doc=envelope_shape.__doc__)
+    NestedTensor.size = envelope_size
     NestedTensor.to_padded = to_padded_
     NestedTensor.mask = mask_
     NestedTensor.to_njt = to_njt_

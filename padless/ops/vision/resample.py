@@ -22,7 +22,12 @@ The output size is given as in torch, or per image:
   CPU int tensor ``(B, k)``);
 * ``size=other_nested_tensor``: the target of image i is the last ``k`` sample dims of
   ``other``'s sample i, e.g. ``F.interpolate(logits, size=images, mode="bilinear")``
-  brings segmentation logits back to every image's own size.
+  brings segmentation logits back to every image's own size;
+* ``size=skip.shape[2:]`` (or ``(h, w)`` unpacked from it), with ``skip`` a NestedTensor of the
+  same batch: the entries of a NestedTensor's shape at ragged dims remember each sample's
+  own size (:mod:`padless.tensor.extents`), so image i goes to ``skip``'s image i, as the
+  dense code does per image (smp's U-Net decoder is written this way). ``int(h)`` gives every
+  image the envelope size instead.
 
 >>> x = padless.from_list([torch.randn(3, 5, 7), torch.randn(3, 4, 4)])
 >>> y = F.interpolate(x, scale_factor=2, mode="bilinear")       # (3, 10, 14), (3, 8, 8)
@@ -42,6 +47,7 @@ from padless.ops.common.host import host_structure
 from padless.ops.common.size_groups import apply_by_shape
 from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
+from padless.tensor.extents import Extent, per_sample_extents
 from padless.tensor.registry import implements
 
 __all__ = ["interpolate", "per_image_sizes"]
@@ -70,7 +76,9 @@ def per_image_sizes(op: str, size: Any, batch: int, k: int) -> list[tuple[int, .
     """The per-image target sizes ``size`` names, or ``None`` when it is one size for all.
 
     Per-image forms: a NestedTensor (its last ``k`` sample dims), a CPU int tensor
-    ``(B, k)``, or a list/tuple of ``B`` sequences of ``k`` ints.
+    ``(B, k)``, a list/tuple of ``B`` sequences of ``k`` ints, or ``k`` ints read from a
+    NestedTensor's shape (:class:`padless.tensor.extents.Extent`: each image gets its own
+    sample's size there; plain ints give every image the same size).
     """
     if isinstance(size, NestedTensor):
         if size.batch_size != batch:
@@ -97,6 +105,12 @@ def per_image_sizes(op: str, size: Any, batch: int, k: int) -> list[tuple[int, .
                 raise ValueError(f"{op}(): the target size of image {i} is {tuple(s)}; it needs {k} entries (one per spatial dim)")
             out.append(tuple(_int(op, "size", v) for v in s))
         return out
+    if isinstance(size, Extent):  # one extent read from a shape: every spatial dim, per image
+        size = (size,) * k
+    if isinstance(size, (list, tuple)) and len(size) == k:
+        # ``size=skip.shape[2:]``: entries read from a NestedTensor's shape name each image's
+        # own size (padless.tensor.extents), as the dense code does for each image alone
+        return per_sample_extents(size, batch, op)
     return None
 
 

@@ -1,0 +1,133 @@
+"""Envelope extents that remember their batch.
+
+``x.shape`` of a NestedTensor is the padded envelope ``(B, max n_0, ...)``, so that code
+reading shapes keeps working. Model code often hands such a size on: smp's U-Net decoder
+reads ``skip.shape[2:]`` and later calls ``F.interpolate(x, size=(h, w))`` to bring ``x``
+to its skip's size. Dense, that is "to the padded envelope"; per sample, it means "to this
+sample's own skip size". To tell the two apart, the entries of ``x.shape`` (and
+``x.size()``, ``x.size(d)``) at ragged dims are :class:`Extent` ints: plain ints (equal to
+the envelope extent, usable anywhere an int is) that also remember every sample's own size
+along that dim. Ops that take a size and can apply one per image
+(:func:`padless.ops.vision.resample.interpolate`) read it; every other use sees an int.
+
+Arithmetic on an Extent gives a plain int (``h * 2`` is no longer any sample's size), and an
+Extent pickles and copies as a plain int. Under ``torch.compile`` shapes are the plain
+(symbolic) sizes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["Extent", "envelope_shape", "envelope_size", "per_sample_extents"]
+
+
+class _Source:
+    """What an Extent remembers: the batch's sizes (shared, small) and its sample dim."""
+
+    __slots__ = ("meta", "sizes", "dim", "batch")
+
+    def __init__(self, meta: Any, sizes: Tensor, dim: int, batch: int) -> None:
+        self.meta, self.sizes, self.dim, self.batch = meta, sizes, dim, batch
+
+    def per_sample(self) -> list[int]:
+        m = self.meta
+        if m.host_sizes is None:  # a device batch built without host metadata: one sync, cached
+            m.host_sizes = self.sizes.cpu()
+        return m.host_sizes[:, self.dim].tolist()
+
+
+class Extent(int):
+    """An envelope extent of a ragged dim: an int that also knows each sample's own size.
+
+    >>> h = images.shape[-2]          # an Extent: int(h) is the largest height
+    >>> F.interpolate(x, size=(h, w))  # each image of x to its own sample's (h_i, w_i)
+    """
+
+    _source: _Source
+
+    def __new__(cls, value: int, source: _Source) -> "Extent":
+        obj = int.__new__(cls, value)
+        obj._source = source
+        return obj
+
+    def __repr__(self) -> str:
+        return int.__repr__(self)
+
+    __str__ = __repr__
+
+    def __reduce__(self):  # copies, pickles and deep-copies as the plain int
+        return (int, (int(self),))
+
+    @property
+    def batch_size(self) -> int:
+        """Samples of the batch this extent was read from."""
+        return self._source.batch
+
+    def per_sample(self) -> list[int]:
+        """Every sample's own size along this dim (host ints; syncs once for a device batch
+        built without host metadata, as :meth:`NestedTensor.host_sizes` does)."""
+        return self._source.per_sample()
+
+
+def _shape(nt: Any) -> torch.Size:
+    plain = Tensor.shape.__get__(nt)
+    if not nt._ragged or torch.compiler.is_compiling() or any(isinstance(s, torch.SymInt) for s in plain):
+        return plain
+    cached = nt.__dict__.get("_extent_shape")
+    if cached is not None:
+        return cached
+    batch = len(nt._sizes)
+    dims = list(plain)
+    for d in nt._ragged:
+        dims[d + 1] = Extent(dims[d + 1], _Source(nt._meta, nt._sizes, d, batch))
+    out = torch.Size(dims)
+    nt.__dict__["_extent_shape"] = out
+    return out
+
+
+def envelope_shape(nt: Any) -> torch.Size:
+    """``nt.shape``: the padded envelope, with :class:`Extent` entries at ragged dims."""
+    return _shape(nt)
+
+
+def envelope_size(nt: Any, dim: int | None = None) -> Any:
+    """``nt.size()`` / ``nt.size(dim)``, as :func:`envelope_shape`."""
+    shape = _shape(nt)
+    if dim is None:
+        return shape
+    n = len(shape)
+    if not isinstance(dim, int) or isinstance(dim, bool):
+        return Tensor.size(nt, dim)  # a named dim etc.: torch's own answer (or error)
+    if not -n <= dim < n:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-n}, {n - 1}], but got {dim})")
+    return shape[dim]
+
+
+def per_sample_extents(values: Any, batch: int, op: str) -> list[tuple[int, ...]] | None:
+    """Per-sample targets named by a size tuple holding :class:`Extent` entries, else ``None``.
+
+    Each Extent entry gives every sample its own size (from the batch it was read from);
+    plain int entries give every sample the same size. Extents from a batch of another
+    sample count are refused, naming the fix.
+    """
+    if not isinstance(values, (tuple, list)) or not any(isinstance(v, Extent) for v in values):
+        return None
+    columns: list[list[int]] = []
+    for i, v in enumerate(values):
+        if isinstance(v, Extent):
+            if v.batch_size != batch:
+                from padless.tensor.errors import StructureError
+
+                raise StructureError(
+                    f"{op}(): size[{i}] = {int(v)} was read from the shape of a batch of {v.batch_size} samples, "
+                    f"and this input has {batch}; a size read from a NestedTensor's shape means each sample's own "
+                    f"size. Pass int(...) to give every sample the envelope size {int(v)}"
+                )
+            columns.append(v.per_sample())
+        else:
+            columns.append([int(v)] * batch)
+    return [tuple(c[b] for c in columns) for b in range(batch)]
