@@ -25,34 +25,12 @@ from torch import Tensor
 __all__ = ["Extent", "envelope_shape", "envelope_size", "per_sample_extents"]
 
 
-class _Source:
-    """What an Extent remembers: the batch's sizes (shared, small) and its sample dim."""
-
-    __slots__ = ("meta", "sizes", "dim", "batch")
-
-    def __init__(self, meta: Any, sizes: Tensor, dim: int, batch: int) -> None:
-        self.meta, self.sizes, self.dim, self.batch = meta, sizes, dim, batch
-
-    def per_sample(self) -> list[int]:
-        m = self.meta
-        if m.host_sizes is None:  # a device batch built without host metadata: one sync, cached
-            m.host_sizes = self.sizes.cpu()
-        return m.host_sizes[:, self.dim].tolist()
-
-
 class Extent(int):
     """An envelope extent of a ragged dim: an int that also knows each sample's own size.
 
     >>> h = images.shape[-2]          # an Extent: int(h) is the largest height
     >>> F.interpolate(x, size=(h, w))  # each image of x to its own sample's (h_i, w_i)
     """
-
-    _source: _Source
-
-    def __new__(cls, value: int, source: _Source) -> "Extent":
-        obj = int.__new__(cls, value)
-        obj._source = source
-        return obj
 
     def __repr__(self) -> str:
         return int.__repr__(self)
@@ -65,25 +43,39 @@ class Extent(int):
     @property
     def batch_size(self) -> int:
         """Samples of the batch this extent was read from."""
-        return self._source.batch
+        return len(self._sizes)
 
     def per_sample(self) -> list[int]:
         """Every sample's own size along this dim (host ints; syncs once for a device batch
         built without host metadata, as :meth:`NestedTensor.host_sizes` does)."""
-        return self._source.per_sample()
+        m = self._meta
+        if m.host_sizes is None:
+            m.host_sizes = self._sizes.cpu()
+        return m.host_sizes[:, self._dim].tolist()
+
+
+_tracing = torch._guards.TracingContext.try_get
+
+
+def _extent(value: int, meta: Any, sizes: Tensor, dim: int) -> Extent:
+    e = Extent(value)
+    e._meta, e._sizes, e._dim = meta, sizes, dim  # the batch's (small) structure, not its values
+    return e
 
 
 def _shape(nt: Any) -> torch.Size:
-    plain = Tensor.shape.__get__(nt)
-    if not nt._ragged or torch.compiler.is_compiling() or any(isinstance(s, torch.SymInt) for s in plain):
-        return plain
+    if torch.compiler.is_compiling() or _tracing() is not None:
+        return Tensor.shape.__get__(nt)  # dynamo traces or wraps it: the plain (symbolic) sizes
     cached = nt.__dict__.get("_extent_shape")
     if cached is not None:
         return cached
-    batch = len(nt._sizes)
-    dims = list(plain)
+    env = nt._env
+    if not all(type(v) is int for v in env):
+        return Tensor.shape.__get__(nt)
+    meta, sizes = nt._meta, nt._sizes
+    dims = [len(sizes), *env]
     for d in nt._ragged:
-        dims[d + 1] = Extent(dims[d + 1], _Source(nt._meta, nt._sizes, d, batch))
+        dims[d + 1] = _extent(env[d], meta, sizes, d)
     out = torch.Size(dims)
     nt.__dict__["_extent_shape"] = out
     return out
