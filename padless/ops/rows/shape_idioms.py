@@ -4,6 +4,9 @@
   dims leading, in storage order, the static tail regrouped): the batch is gone, so the
   result is the dense ``values()`` ``(T, C)`` (autograd kept), exactly the per-sample
   flattenings concatenated. Samples ``(2, C)``, ``(0, C)``, ``(3, C)`` give ``(5, C)``.
+  When the flattening keeps one row per row (``T`` rows), the result remembers the batch
+  (:class:`padless.ops.rows.packed_rows.PackedRows`): row-wise work on it, then a ``view``
+  back to ``x.shape`` (with a new last dim) gives the NestedTensor back.
 * ``qkv.unbind(dim)`` on a static dim: a tuple of NestedTensors (views of ``values``).
 * ``dense.expand_as(nt)``: the dense tensor broadcast to every sample (a dense operand in
   padded coordinates is read at each element's coordinates, see
@@ -26,6 +29,7 @@ from torch import Tensor
 
 from padless.ops.common import padded
 from padless.ops.common.engine import dense_to_rows
+from padless.ops.rows.packed_rows import packed_rows
 from padless.ops.common.structure import build_nested, keep_all, outer_dim, restructure, values_dim
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.convert import unbind_samples
@@ -47,7 +51,8 @@ def flatten_rows(nt: NestedTensor, target: Sequence[int], op: str) -> Tensor | N
     if tail == 0 or math.prod(static) % tail:
         return None
     vals = values_of(nt)
-    return vals.view(-1, *target[1:]) if op == "view" else vals.reshape(-1, *target[1:])
+    flat = vals.view(-1, *target[1:]) if op == "view" else vals.reshape(-1, *target[1:])
+    return packed_rows(flat, nt) if flat.shape[0] == vals.shape[0] else flat
 
 
 @lend("unbind_static")

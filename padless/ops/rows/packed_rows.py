@@ -1,0 +1,126 @@
+"""Rows that leave the batch and come back: ``x.reshape(-1, C)`` ... ``y.view(x.shape)``.
+
+Code written for padded batches often flattens the batch to rows, runs row-wise work, and
+views the result back to the shape it read before (transformers' GPT-2 ``Conv1D``:
+``size_out = x.size()[:-1] + (nf,)``, ``addmm(b, x.view(-1, C), W).view(size_out)``; OPT's
+MLP: ``h.reshape(-1, C)`` ... ``(residual + h).view(shape)``). On a NestedTensor the
+flattening gives every real row, dense ``(T, C)`` (:func:`padless.ops.rows.shape_idioms.flatten_rows`),
+so the view back to the padded envelope cannot work on the dense tensor alone.
+
+:class:`PackedRows` is that dense ``(T, C)`` tensor, a plain ``torch.Tensor`` subclass that
+remembers the batch its rows came from. Every op runs on it as on the dense tensor; results
+with the same ``T`` rows keep the memory (row-wise work: linears, activations, adds, dropout);
+anything else (a reduction, a transpose) is a plain tensor. ``view``/``reshape`` to a target
+that starts with the batch's envelope, ``(B, *ragged extents, *tail)``, as read from its
+``shape``, gives the NestedTensor back: sample ``i`` is its own rows, regrouped as ``tail``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from padless.ops.common.structure import RAGGED, STATIC, restructure
+from padless.tensor.core import NestedTensor
+from padless.tensor.extents import Extent
+
+__all__ = ["PackedRows", "packed_rows"]
+
+_VIEWS = {Tensor.view, Tensor.reshape, torch.reshape}
+
+
+class PackedRows(Tensor):
+    """Dense ``(T, *tail)``: every real row of a NestedTensor, in storage order (see the module
+    docstring). Behaves as the dense tensor; ``view``/``reshape`` to the batch's envelope
+    (``(B, *ragged extents, *tail)``) gives a NestedTensor of the batch's structure back."""
+
+    _origin: NestedTensor
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if any(issubclass(t, NestedTensor) for t in types):
+            return NotImplemented  # with a NestedTensor operand: its handlers read this as dense
+        origin = _origin_of(args, kwargs)
+        if func in _VIEWS and origin is not None:
+            back = _back_to_batch(func, args, kwargs, origin)
+            if back is not None:
+                return back
+        with torch._C.DisableTorchFunctionSubclass():
+            out = func(*args, **kwargs)
+        if origin is None or func is Tensor.__repr__:
+            return out
+        return _keep(out, origin)
+
+
+def packed_rows(rows: Tensor, origin: NestedTensor) -> PackedRows:
+    """``rows`` (``(T, ...)``, the real rows of ``origin`` in storage order) as :class:`PackedRows`."""
+    out = rows.as_subclass(PackedRows)
+    out._origin = origin
+    return out
+
+
+def _origin_of(args: Any, kwargs: dict) -> NestedTensor | None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, PackedRows):
+            return a.__dict__.get("_origin")
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, PackedRows):
+                    return b.__dict__.get("_origin")
+    return None
+
+
+def _keep(out: Any, origin: NestedTensor) -> Any:
+    if isinstance(out, (tuple, list)):
+        return type(out)(_keep(o, origin) for o in out) if type(out) in (tuple, list) else out
+    if type(out) is Tensor and out.dim() >= 1 and out.shape[0] == origin._values.shape[0]:
+        return packed_rows(out, origin)
+    return out
+
+
+def _target(args: tuple, kwargs: dict) -> list | None:
+    shape = list(args[1:]) + [kwargs[k] for k in ("shape", "size") if k in kwargs]
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
+        shape = list(shape[0])
+    if not shape or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+        return None  # a dtype view, or symbolic sizes: the dense op decides
+    return shape
+
+
+def _same_extent(want: int, got: int, origin: NestedTensor, d: int) -> bool:
+    if got != want:
+        return False
+    if isinstance(got, Extent) and got._sizes is not origin._sizes:
+        # read from another batch's shape: the same per-sample sizes are the same rows
+        if got.batch_size != origin.batch_size or got.per_sample() != origin.host_sizes()[:, d].tolist():
+            return False
+    return True
+
+
+def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> NestedTensor | None:
+    rows = args[0]
+    if not isinstance(rows, PackedRows) or rows.dim() == 0 or rows.shape[0] != origin._values.shape[0]:
+        return None
+    target = _target(args, kwargs)
+    k = len(origin._ragged)
+    if target is None or len(target) < 1 + k or target[0] != origin.batch_size:
+        return None
+    if not all(_same_extent(origin._env[d], target[1 + d], origin, d) for d in range(k)):
+        return None
+    tail = list(target[1 + k :])
+    per_row = math.prod(rows.shape[1:])
+    if tail.count(-1) == 1:
+        known = math.prod(t for t in tail if t != -1)
+        if known == 0 or per_row % known:
+            return None
+        tail[tail.index(-1)] = per_row // known
+    if any(t < 0 for t in tail) or math.prod(tail) != per_row:
+        return None
+    with torch._C.DisableTorchFunctionSubclass():
+        plain = rows.as_subclass(Tensor)
+        vals = plain.view(plain.shape[0], *tail) if func is Tensor.view else plain.reshape(plain.shape[0], *tail)
+        return restructure(origin, vals, [(RAGGED, d) for d in range(k)] + [(STATIC, n) for n in tail])

@@ -1,0 +1,102 @@
+"""Rows that leave the batch and come back (padless.ops.rows.packed_rows): ``x.view(-1, C)``,
+row-wise work, then ``view`` back to ``x.shape`` with a new last dim, as transformers' GPT-2
+``Conv1D`` and OPT's MLP write it. Sample by sample against the dense code on each sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import padless
+from padless.ops.rows.packed_rows import PackedRows
+
+SEQ = [(3, 8), (0, 8), (5, 8), (1, 8)]
+PAIR = [(3, 3, 8), (0, 0, 8), (2, 2, 8)]
+
+
+def _leaves(shapes, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    dense = [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
+    x = padless.from_list([d.clone() for d in dense]).requires_grad_()
+    return x, [d.requires_grad_() for d in dense]
+
+
+def conv1d(x, w, b):  # transformers.pytorch_utils.Conv1D.forward
+    size_out = x.size()[:-1] + (w.shape[1],)
+    x = torch.addmm(b, x.view(-1, x.size(-1)), w)
+    return x.view(size_out)
+
+
+def opt_mlp(h, w1, w2):  # OPTDecoderLayer's fully connected part
+    shape = h.shape
+    h = h.reshape(-1, h.size(-1))
+    residual = h
+    h = F.linear(F.relu(F.linear(F.layer_norm(h, h.shape[-1:]), w1)), w2)
+    return (residual + h).view(shape)
+
+
+def _check(fn, shapes, *params):
+    x, dense = _leaves(shapes)
+    ps = [p.detach().clone().requires_grad_() for p in params]
+    out = fn(x, *params)
+    assert isinstance(out, padless.NestedTensor) and out.sizes()[:, :-1].tolist() == [list(s[:-1]) for s in shapes]
+    refs = [fn(d[None], *ps)[0] for d in dense]
+    for got, ref in zip(out.unbind(), refs):
+        torch.testing.assert_close(got, ref.detach())
+    (out.values() ** 2).sum().backward()
+    sum((r**2).sum() for r in refs).backward()
+    for g, d in zip(x.grad.unbind(), dense):
+        torch.testing.assert_close(g, d.grad)
+    for p, q in zip(params, ps):
+        torch.testing.assert_close(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("shapes", [SEQ, [(4, 8)], PAIR], ids=["seq", "one_sample", "pairs"])
+def test_conv1d_view_back(shapes):
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(8, 6, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(6, generator=g, dtype=torch.float64, requires_grad=True)
+    _check(conv1d, shapes, w, b)
+
+
+@pytest.mark.parametrize("shapes", [SEQ, [(4, 8)]], ids=["seq", "one_sample"])
+def test_opt_mlp_view_back(shapes):
+    g = torch.Generator().manual_seed(2)
+    w1 = torch.randn(16, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(8, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    _check(opt_mlp, shapes, w1, w2)
+
+
+def test_rows_stay_dense_otherwise():
+    x, _ = _leaves(SEQ)
+    flat = x.reshape(-1, 8)
+    assert isinstance(flat, PackedRows) and flat.shape == (9, 8)
+    torch.testing.assert_close(flat.as_subclass(torch.Tensor), x.values())
+    assert type(flat.sum(0)) is torch.Tensor  # not T rows any more
+    assert type(flat.t()) is torch.Tensor
+    assert type(flat * 2) is PackedRows
+    # a view that does not start with the batch's envelope is the dense op, with its own error
+    with pytest.raises(RuntimeError, match="invalid"):
+        flat.view(2, 5, 8)
+    assert type(flat.view(3, 3, 8)) is torch.Tensor  # 9 rows as (3, 3): dense, as torch does
+    # plain ints equal to the envelope also bring the rows back
+    y = flat.view(4, 5, 2, 4)
+    assert isinstance(y, padless.NestedTensor) and y.sizes().tolist() == [[3, 2, 4], [0, 2, 4], [5, 2, 4], [1, 2, 4]]
+
+
+def test_extent_of_another_batch():
+    x, _ = _leaves(SEQ)
+    same, _ = _leaves(SEQ, seed=3)  # same sizes: the same rows
+    other, _ = _leaves([(5, 8), (0, 8), (3, 8), (1, 8)], seed=4)  # same envelope, other sizes
+    flat = x.view(-1, 8)
+    assert isinstance(flat.view(same.shape), padless.NestedTensor)
+    with pytest.raises(RuntimeError):
+        flat.view(other.shape)  # 9 rows cannot be another batch's envelope: the dense error
+
+
+def test_with_a_nested_operand():
+    x, _ = _leaves(SEQ)
+    flat = x.view(-1, 8)
+    y = x + flat.view(x.shape)
+    torch.testing.assert_close(y.values(), 2 * x.values())
