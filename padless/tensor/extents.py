@@ -10,9 +10,9 @@ the envelope extent, usable anywhere an int is) that also remember every sample'
 along that dim. Ops that take a size and can apply one per image
 (:func:`padless.ops.vision.resample.interpolate`) read it; every other use sees an int.
 
-Arithmetic on an Extent gives a plain int (``h * 2`` is no longer any sample's size), and an
-Extent pickles and copies as a plain int. Under ``torch.compile`` shapes are the plain
-(symbolic) sizes.
+Integer arithmetic keeps both readings (``height // 4`` is the padded ``H // 4`` and every
+sample's ``h_i // 4``); ``int(h)`` is the plain padded int. An Extent pickles and copies as a
+plain int. Under ``torch.compile`` shapes are the plain (symbolic) sizes.
 """
 
 from __future__ import annotations
@@ -28,9 +28,19 @@ __all__ = ["Extent", "envelope_shape", "envelope_size", "per_sample_extents"]
 class Extent(int):
     """An envelope extent of a ragged dim: an int that also knows each sample's own size.
 
+    Its int value is what the padded code sees (the envelope); :meth:`per_sample` is what
+    each sample alone sees. Integer arithmetic keeps both: ``h // 4`` is the padded
+    ``H // 4`` and every sample's ``h_i // 4`` (smp's PAN writes
+    ``F.interpolate(x, size=(height // 4, width // 4))``); ``h * w`` of two extents of one
+    batch multiplies sample by sample.
+
     >>> h = images.shape[-2]          # an Extent: int(h) is the largest height
     >>> F.interpolate(x, size=(h, w))  # each image of x to its own sample's (h_i, w_i)
     """
+
+    _batch: int
+    _src_sizes: Tensor | None  # the batch's sizes when read straight from a shape
+    _values: Any  # () -> list[int]
 
     def __repr__(self) -> str:
         return int.__repr__(self)
@@ -43,15 +53,61 @@ class Extent(int):
     @property
     def batch_size(self) -> int:
         """Samples of the batch this extent was read from."""
-        return len(self._sizes)
+        return self._batch
 
     def per_sample(self) -> list[int]:
-        """Every sample's own size along this dim (host ints; syncs once for a device batch
-        built without host metadata, as :meth:`NestedTensor.host_sizes` does)."""
-        m = self._meta
-        if m.host_sizes is None:
-            m.host_sizes = self._sizes.cpu()
-        return m.host_sizes[:, self._dim].tolist()
+        """Every sample's own value (host ints; reading a device batch built without host
+        metadata syncs once, as :meth:`NestedTensor.host_sizes` does)."""
+        return self._values()
+
+
+def _derived(value: Any, batch: int, values: Any) -> Any:
+    if type(value) is not int:
+        return value  # true division, floats, NotImplemented: the plain result
+    e = Extent(value)
+    e._batch, e._src_sizes, e._values = batch, None, values
+    return e
+
+
+def _binary(name: str, reflected: bool = False):
+    op = getattr(int, name)
+
+    def method(self: Extent, other: Any) -> Any:
+        value = op(self, other)
+        if isinstance(other, Extent):
+            if other._batch != self._batch:
+                return value  # two batches: only the padded int is meaningful
+            a, b = self._values, other._values
+            return _derived(value, self._batch, lambda: [op(x, y) for x, y in zip(a(), b())])
+        if type(other) is not int:
+            return value
+        a = self._values
+        return _derived(value, self._batch, lambda: [op(x, other) for x in a()])
+
+    method.__name__ = name
+    return method
+
+
+for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__", "__floordiv__", "__rfloordiv__",
+              "__mod__", "__rmod__"):
+    setattr(Extent, _name, _binary(_name))
+
+
+def _neg(self: Extent) -> Any:
+    a = self._values
+    return _derived(-int(self), self._batch, lambda: [-x for x in a()])
+
+
+Extent.__neg__ = _neg
+
+
+def _read_sizes(meta: Any, sizes: Tensor, dim: int):
+    def values() -> list[int]:
+        if meta.host_sizes is None:
+            meta.host_sizes = sizes.cpu()
+        return meta.host_sizes[:, dim].tolist()
+
+    return values
 
 
 _tracing = torch._guards.TracingContext.try_get
@@ -59,7 +115,8 @@ _tracing = torch._guards.TracingContext.try_get
 
 def _extent(value: int, meta: Any, sizes: Tensor, dim: int) -> Extent:
     e = Extent(value)
-    e._meta, e._sizes, e._dim = meta, sizes, dim  # the batch's (small) structure, not its values
+    # the batch's (small) structure, not its values
+    e._batch, e._src_sizes, e._values = len(sizes), sizes, _read_sizes(meta, sizes, dim)
     return e
 
 

@@ -36,7 +36,10 @@ def test_shape_entries_at_ragged_dims_are_extents():
 def test_extents_behave_as_plain_ints():
     _, x = _batch(SKIPS)
     h, w = x.shape[2:]
-    assert type(h * 2) is int and type(h + 0) is int and h * 2 == 20
+    assert type(int(h)) is int and h * 2 == 20 and h // 4 == 2
+    assert (h // 4).per_sample() == [2, 2, 0] and (h * w).per_sample() == [140, 64, 3] and int(h * w) == 140
+    assert (2 * h - 1).per_sample() == [19, 15, 1] and (-h).per_sample() == [-10, -8, -1]
+    assert type(h / 2) is float and type(h * 1.5) is float
     assert repr(h) == "10" and f"{w}" == "14"
     assert type(copy.deepcopy(h)) is int and type(pickle.loads(pickle.dumps(h))) is int
     assert torch.zeros(x.shape).shape == (3, 3, 10, 14)
@@ -99,3 +102,15 @@ def test_compiled_shape_is_plain():
         return t * t.shape[-1]
 
     torch.testing.assert_close(f(x).values(), x.values() * 14)
+
+
+def test_interpolate_to_sizes_computed_from_extents():
+    """smp's PAN: ``F.interpolate(x, size=(height // 4, width // 4))`` per image."""
+    sizes = [(3, 10, 14), (3, 8, 8), (3, 2, 3)]
+    _, skip = _batch(sizes)
+    _, x = _batch([(3, 2, 2), (3, 3, 1), (3, 1, 1)], seed=5)
+    height, width = skip.shape[2:]
+    y = F.interpolate(x, size=(height // 2, width // 2), mode="bilinear")
+    assert y.sizes()[:, 1:].tolist() == [[5, 7], [4, 4], [1, 1]]
+    for got, xi, (c, h, w) in zip(y.unbind(), x.unbind(), sizes):
+        torch.testing.assert_close(got, F.interpolate(xi[None], size=(h // 2, w // 2), mode="bilinear")[0])
