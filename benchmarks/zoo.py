@@ -44,6 +44,7 @@ import torch
 
 from padless.testing import bench
 from padless.testing.bench import interleaved
+import zoo_families
 from zoo_models import Case, all_cases, default_loss, edits_applied, grad_diff, occupancy, per_sample_diff
 from zoo_report import ROOT, Result, plot, table, write_docs
 
@@ -188,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="cpu: process CPU time, steady on a shared machine (default); wall: perf_counter")
     ap.add_argument("--only", default="", help="comma-separated substrings of row names (case-insensitive)")
     ap.add_argument("--no-docs", action="store_true", help="print only; do not write docs/zoo.md and docs/zoo.png")
+    ap.add_argument("--no-families", action="store_true", help="skip the family sweep (benchmarks/zoo_families.py)")
     args = ap.parse_args(argv)
     warnings.filterwarnings("ignore")  # the packages' deprecation chatter; errors still end up in the table
     torch.set_num_threads(args.threads)
@@ -205,12 +207,15 @@ def main(argv: list[str] | None = None) -> int:
             r = Result(c.name, c.what, unchanged=f"zoo error: {first_line(e)}")
         results.append(r)
         print(f"  {c.name}: {r.unchanged[:100]} ({time.perf_counter() - t:.1f} s)", file=sys.stderr, flush=True)
+    families = "" if args.no_families or args.only else zoo_families.table(zoo_families.rows())
     elapsed = time.perf_counter() - t0
     printed = table(results)
     print(printed)
+    if families:
+        print("\n" + families)
     if not args.no_docs:
         plot(results, ROOT / "docs" / "zoo.png")
-        write_docs(results, printed, elapsed, args)
+        write_docs(results, printed, elapsed, args, families)
         print(f"\nwrote docs/zoo.md and docs/zoo.png ({elapsed:.0f} s)")
     return 0
 

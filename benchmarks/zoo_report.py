@@ -192,7 +192,7 @@ DOC_INSTALL = """## The environment
 """
 
 
-def write_docs(results: list[Result], printed: str, elapsed: float, args: argparse.Namespace) -> None:
+def write_docs(results: list[Result], printed: str, elapsed: float, args: argparse.Namespace, families: str = "") -> None:
     used = sorted({e for r in results for e in r.edits})
     failing = [r for r in results if r.unchanged != "yes"]
     parts = [DOC_HEAD, "## The table\n",
@@ -213,5 +213,11 @@ def write_docs(results: list[Result], printed: str, elapsed: float, args: argpar
         parts.append("")
     else:
         parts.append("Every row ran unchanged.\n")
+    if families:
+        parts += ["## More families, values only\n",
+                  "`benchmarks/zoo_families.py` builds more architectures of the same packages (random init, eval, "
+                  "float32) and runs each once on a padless batch, every sample against the model on that sample "
+                  "alone; no timing. A row that fails says whether the model rejects a sample alone too (then the "
+                  "sizes, not padless, are the limit).\n", families, ""]
     parts.append(DOC_INSTALL)
     (ROOT / "docs" / "zoo.md").write_text("\n".join(parts))
