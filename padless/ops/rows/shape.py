@@ -36,6 +36,8 @@ from padless.tensor.core import (
 )
 from padless.ops.common.host import from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
+from padless.ops.rows.shape_ragged import reshape_ragged, split_ragged
+from padless.tensor.extents import Extent
 from padless.ops.rows.windows import take_windows
 from padless.tensor.registry import implements, lend
 from padless.tensor.errors import StructureError
@@ -60,10 +62,14 @@ def reshape(func, nt: NestedTensor, *shape, **kw) -> NestedTensor:
             raise TypeError(f"{op}() got an unexpected keyword argument {next(iter(kw))!r}")
     if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
         return _view_dtype(nt, shape[0])
-    target = int_entries(op, "shape", shape_arg(shape))
+    raw = list(shape_arg(shape))  # before int_entries: size entries that remember each sample's size
+    target = int_entries(op, "shape", raw)
     try:
         dims = match_target(nt, target, op)
     except StructureError:
+        merged_or_split = reshape_ragged(nt, raw, op)  # (B, -1, C) of (H_i, W_i, C); (B, -1, h, w) of (C, h_i*w_i)
+        if merged_or_split is not None:
+            return merged_or_split
         flat = flatten_rows(nt, target, op)  # (-1, C): every real row, dense (it leaves the batch)
         if flat is None:
             raise
@@ -173,9 +179,12 @@ def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> Ne
 
 @implements(torch.unflatten, torch.Tensor.unflatten, accepts="packed")
 def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedTensor:
-    """Split a static dim into ``sizes`` (one ``-1`` inferred); ragged dims cannot be split."""
+    """Split a static dim into ``sizes`` (one ``-1`` inferred), or a ragged dim into sizes read
+    from a batch's shape (each sample its own, :func:`padless.ops.rows.shape_ragged.split_ragged`)."""
     o = outer_dim(nt, dim, "unflatten")
     p = sample_dim(nt, dim, "unflatten")
+    if p in nt._ragged and any(isinstance(s, Extent) for s in sizes):
+        return split_ragged(nt, p, list(sizes), "unflatten")
     if p in nt._ragged:
         raise ragged_error("unflatten", nt, o, "samples have different extents along it, so no single split fits them all")
     vals = values_of(nt).unflatten(values_dim(nt, p), tuple(int_entries("unflatten", "sizes", sizes)))

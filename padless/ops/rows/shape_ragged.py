@@ -1,0 +1,127 @@
+"""Reshapes that merge or split ragged dims, as code written for padded images does.
+
+* **merge**: ``x.view(B, -1, C)`` of ``(H_i, W_i, C)`` samples, or ``m.view(B, -1)`` of a
+  pair map ``(N_i, N_i)``: the ``-1`` stands for a run of adjacent ragged dims, which
+  become one ragged dim of ``H_i * W_i`` rows (the rows do not move; the same as
+  ``flatten``).
+* **split**: ``t.reshape(B, -1, height, width)`` of ``(C, L_i)`` tokens, with ``height``
+  and ``width`` read from an image batch's shape (entries that remember each sample's own
+  size, :mod:`padless.tensor.extents`), as smp's Segformer decoder writes it: a ragged dim
+  of ``L_i = h_i * w_i`` rows becomes two ragged dims ``(h_i, w_i)``, row-major, the rows
+  unchanged. ``x.unflatten(d, (h, w))`` with such sizes does the same. A sample whose
+  length is not the product of its sizes is refused, naming it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+
+from padless.ops.common.host import from_host_structure, host_structure
+from padless.ops.common.structure import call
+from padless.tensor.autograd import values_of
+from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
+from padless.tensor.extents import Extent
+
+__all__ = ["reshape_ragged", "split_ragged"]
+
+
+def split_ragged(nt: NestedTensor, p: int, parts: Sequence[Any], op: str) -> NestedTensor:
+    """Ragged sample dim ``p`` split into ``len(parts)`` ragged dims, row-major; each part is
+    an :class:`Extent` (its per-sample values) or a plain int (the same for every sample)."""
+    b = nt.batch_size
+    for e in parts:
+        if isinstance(e, Extent) and e.batch_size != b:
+            raise StructureError(
+                f"{op}(): a size read from the shape of a batch of {e.batch_size} samples splits a ragged dim "
+                f"of a batch of {b}; read the sizes from this batch's images"
+            )
+    cols = [e.per_sample() if isinstance(e, Extent) else [int(e)] * b for e in parts]
+    hs, ho = host_structure(nt, op)
+    lengths = hs[:, p].tolist()
+    for i in range(b):
+        got = math.prod(c[i] for c in cols)
+        if got != lengths[i]:
+            raise StructureError(
+                f"{op}(): sample {i} has {lengths[i]} entries along dim {p + 1}, but its sizes "
+                f"{tuple(c[i] for c in cols)} hold {got}; the split must give every sample its own length"
+            )
+    m = len(parts)
+    new_hs = torch.cat([hs[:, :p], torch.tensor(cols, dtype=hs.dtype).T.reshape(b, m), hs[:, p + 1 :]], 1)
+    ragged: list[int] = []
+    for r in nt._ragged:  # storage order kept; the new dims take p's place, outer first
+        if r == p:
+            ragged += [p + j for j in range(m)]
+        else:
+            ragged.append(r if r < p else r + m - 1)
+    return from_host_structure(values_of(nt), new_hs, tuple(ragged), nt, ho, nt._offsets)
+
+
+def _split_plan(nt: NestedTensor, rest: list[Any]) -> list[tuple[int, list[Any]]] | None:
+    """Which ragged dims ``rest`` (the target after the batch dim) splits, and into what."""
+    hs = None
+    plan: list[tuple[int, list[Any]]] = []
+    t = 0
+    for p in range(nt.sample_dim):
+        if t >= len(rest):
+            return None
+        if p not in nt._ragged:
+            if rest[t] not in (-1, nt._env[p]):
+                return None
+            t += 1
+            continue
+        if hs is None:
+            hs = nt.host_sizes()
+        lengths = hs[:, p].tolist()
+        for m in range(len(rest) - t, 1, -1):  # the longest group of sizes whose product is each length
+            group = rest[t : t + m]
+            if not any(isinstance(e, Extent) for e in group) or any(type(e) is not int and not isinstance(e, Extent) for e in group):
+                continue
+            if any(isinstance(e, Extent) and e.batch_size != nt.batch_size for e in group):
+                continue
+            cols = [e.per_sample() if isinstance(e, Extent) else [e] * nt.batch_size for e in group]
+            if all(math.prod(c[i] for c in cols) == n for i, n in enumerate(lengths)):
+                plan.append((p, group))
+                t += m
+                break
+        else:
+            if rest[t] not in (-1, nt._env[p]):
+                return None
+            t += 1
+    return plan if t == len(rest) and plan else None
+
+
+def _merge_span(nt: NestedTensor, rest: list[Any]) -> tuple[int, int] | None:
+    """The run of sample dims ``[i, j)`` a single ``-1`` in ``rest`` stands for, when the
+    entries before and after it match the sample dims exactly and the run is all ragged."""
+    if rest.count(-1) != 1:
+        return None
+    k = rest.index(-1)
+    pre, post = rest[:k], rest[k + 1 :]
+    i, j = len(pre), nt.sample_dim - len(post)
+    if j - i < 2 or any(pre[d] != nt._env[d] for d in range(i)) or any(post[d - j] != nt._env[d] for d in range(j, nt.sample_dim)):
+        return None
+    if not all(d in nt._ragged for d in range(i, j)):
+        return None
+    return i, j
+
+
+def reshape_ragged(nt: NestedTensor, target: list[Any], op: str) -> NestedTensor | None:
+    """``reshape``/``view`` that merges adjacent ragged dims or splits one by per-sample sizes
+    (module docstring); None when ``target`` asks for neither."""
+    if not target or target[0] not in (-1, nt.batch_size) or any(isinstance(e, torch.SymInt) for e in target):
+        return None
+    rest = list(target[1:])
+    span = _merge_span(nt, rest)
+    if span is not None:
+        return call(torch.flatten, nt, span[0] + 1, span[1])
+    plan = _split_plan(nt, rest)
+    if plan is None:
+        return None
+    out = nt
+    for p, group in reversed(plan):  # last dim first: earlier indices stay valid
+        out = split_ragged(out, p, group, op)
+    return out
