@@ -169,6 +169,21 @@ def test_narrow_of_the_ragged_dim_one_graph():
     assert_close_samples(f(x, im)[1], [s[:, 1:2].cos() for s in im.unbind()])
 
 
+def test_fixed_windows_of_ragged_dims_one_graph():
+    """``x[:, 0:2]`` and boltz's dropout-mask window ``z[:, :, 0:1]`` inside torch.compile: a
+    leading window is narrow's (every sample long enough; see the next test for a short one)."""
+
+    def f(x, im):
+        return x[:, 0:2] * 3, im[:, :, 0:1].cos()
+
+    def make(g, b):
+        return _leaf(_seq(g, b, lo=2)), _leaf(_images(g, b))
+
+    _check(f, make)
+    x, im = make(torch.Generator().manual_seed(0), 3)
+    assert_close_samples(f(x, im)[0], [s[0:2] * 3 for s in x.unbind()])
+
+
 def test_narrow_too_short_a_sample_fails_at_run_time_under_compile():
     f = torch.compile(lambda x: x.narrow(1, 1, 3), backend="aot_eager", fullgraph=True)
     x = padless.from_list([torch.randn(5, 2), torch.randn(2, 2)])

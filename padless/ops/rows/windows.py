@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.host import from_host_structure, host_structure
+from padless.ops.common.structure import call
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import NestedTensor, _is_traced
@@ -63,6 +64,11 @@ def window(nt: NestedTensor, p: int, e: slice) -> NestedTensor:
             "(index samples one by one, x[i][::step], or gather the rows you need)"
         )
     if nt._meta.host_sizes is None and _is_traced(nt._sizes):
+        start, stop = e.start or 0, e.stop
+        if isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop:
+            # compiled: a leading window is narrow's (every sample at least `stop` long; a
+            # shorter one fails narrow's runtime check instead of being clamped)
+            return call(torch.narrow, nt, p + 1, start, stop - start)
         raise NotImplementedError(
             f"NestedTensor indexing: a window {_fmt(e)} of ragged dim {p + 1} reads the batch's host sizes; "
             "inside torch.compile use x.narrow(dim, start, length) (same window, every sample long enough)"
