@@ -3,7 +3,7 @@
     python benchmarks/encoder.py [--batch-sizes 16,64,256] [--threads 1,2] [--batches 6]
                                  [--config uniform|lognormal|both] [--models pre-ln,encoder-layer]
                                  [--profile] [--device cpu|cuda] [--d 256] [--rounds 1]
-                                 [--clock wall|cpu] [--per-call] [--no-nested]
+                                 [--clock wall|cpu] [--stat median|min] [--per-call] [--no-nested]
 
 Two models, forward + backward, d=256 (``--d``), 4 heads, FFN 4x, GELU:
 
@@ -29,8 +29,9 @@ pre-LN step (share of ``slice_backward``, ``fill_``, ``add_``, ``copy_``, ``cat`
 ``--device cuda`` runs the same in bfloat16 on a GPU. ``--d 128`` runs the small layer where
 per-sample attention calls weigh most; ``--per-call`` adds padless with the length buckets of
 ``padless/ops/attention/buckets.py`` switched off (one SDPA call per sample or equal length);
-``--rounds`` repeats each batch round-robin (median per batch); ``--clock cpu`` times CPU
-seconds of the process (steadier on a loaded machine).
+``--rounds`` repeats each batch round-robin (median per batch, or the fastest round with
+``--stat min``: on a shared machine another job's burst only ever slows a round down);
+``--clock cpu`` times CPU seconds of the process (steadier on a loaded machine).
 """
 
 from __future__ import annotations
@@ -186,7 +187,8 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
                         runs.setdefault(impl, []).append(timed(fn))
                     except Exception as e:  # torch.nested's coverage differs per torch version
                         notes[key] = f"cannot run: {type(e).__name__}: {str(e).splitlines()[0][:80]}"
-            res = {impl: statistics.median(ts) for impl, ts in runs.items() if not notes.get((name, impl), "").startswith("cannot")}
+            per_batch = min if args.stat == "min" else statistics.median
+            res = {impl: per_batch(ts) for impl, ts in runs.items() if not notes.get((name, impl), "").startswith("cannot")}
             if batch_i == 0:
                 continue
             for impl, t in res.items():
@@ -206,14 +208,14 @@ def run_config(kind: str, b: int, threads: int, args, models, device: str, dtype
     return rows
 
 
-def profile_padless(models, device: str, dtype: torch.dtype, b: int, threads: int) -> None:
+def profile_padless(models, device: str, dtype: torch.dtype, b: int, threads: int, d: int) -> None:
     """Where the padless pre-LN step spends its CPU time (two steps, after one warm-up)."""
     from torch.profiler import profile
 
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(1)
     m = models["pre-ln"]
-    x = padless.from_list([torch.randn(n, 256, generator=g).to(device=device, dtype=dtype) for n in lengths_for("uniform", b, g)])
+    x = padless.from_list([torch.randn(n, d, generator=g).to(device=device, dtype=dtype) for n in lengths_for("uniform", b, g)])
     x.requires_grad_()
     (m(x) ** 2).mean().backward()
     with profile() as prof:
@@ -221,8 +223,8 @@ def profile_padless(models, device: str, dtype: torch.dtype, b: int, threads: in
             (m(x) ** 2).mean().backward()
     ev = prof.key_averages()
     total = sum(e.self_cpu_time_total for e in ev) or 1.0
-    watch = ("aten::slice_backward", "aten::fill_", "aten::add_", "aten::copy_", "aten::cat", "aten::index_add_")
-    print(f"\n### padless pre-LN step profile, uniform B={b}, {threads} thread(s): share of self CPU time\n")
+    watch = ("aten::slice_backward", "aten::fill_", "aten::add_", "aten::copy_", "aten::cat", "aten::index_add_", "aten::index_select")
+    print(f"\n### padless pre-LN step profile, d={d}, uniform B={b}, {threads} thread(s): share of self CPU time\n")
     print("| op | calls | share |")
     print("|---|---:|---:|")
     for e in sorted(ev, key=lambda e: -e.self_cpu_time_total):
@@ -244,6 +246,8 @@ def main() -> None:
     ap.add_argument("--no-nested", action="store_true", help="skip torch.nested")
     ap.add_argument("--rounds", type=int, default=1, help="round-robin repeats per batch (median per batch)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or CPU time of this process")
+    ap.add_argument("--stat", choices=("median", "min"), default="median",
+                    help="per batch, the median or the fastest of its rounds (min: steadier on a shared machine)")
     args = ap.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -261,15 +265,16 @@ def main() -> None:
     bench.print_table(
         rows,
         f"Encoder layer, forward + backward, d={args.d}, 4 heads, FFN 4x, {args.batches} batches per row, {args.device} "
-        f"{str(dtype).replace('torch.', '')}, {args.clock} clock, torch {torch.__version__}, {os.cpu_count()} cores, load average "
+        f"{str(dtype).replace('torch.', '')}, {args.clock} clock, {args.stat} of {args.rounds} rounds, torch {torch.__version__}, {os.cpu_count()} cores, load average "
         f"{load0[0]:.1f} at start, {load1[0]:.1f} at end",
         "padded + mask",
     )
     for what, why in SKIPPED.items():
         print(f"\n{what}: {why}")
     if args.profile and "pre-ln" in models:
-        for t in threads:
-            profile_padless(models, args.device, dtype, 16, t)
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            for t in threads:
+                profile_padless(models, args.device, dtype, b, t, args.d)
 
 
 if __name__ == "__main__":
