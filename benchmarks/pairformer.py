@@ -16,8 +16,8 @@ plain torch calls) stands in. Both sides get the same weights and inputs:
   sums squares over the packed values.
 
 ``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
-layer; ``--counts`` prints the aten ops per padless layer step at B=4 and B=16 (a step whose
-op count grows with B runs per-sample loops). The ratio column is padded time / padless
+layer (of the piece, when ``--pieces`` names one); ``--counts`` prints the aten ops per
+padless layer step at B=4 and B=16 (a step whose op count grows with B runs per-sample loops). The ratio column is padded time / padless
 time, the median of per-round ratios (above 1: padless is faster).
 """
 
@@ -267,14 +267,14 @@ def op_count(layer: nn.Module, batch: Batch) -> tuple[int, int]:
     return len(ev), len(top)
 
 
-def profile(layer: nn.Module, batch: Batch, top: int) -> None:
-    run = _step(layer, PIECES["layer"][1], batch)
+def profile(layer: nn.Module, batch: Batch, top: int, piece: str = "layer") -> None:
+    run = _step(layer, PIECES[piece][1], batch)
     run()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         run()
     ev = [e for e in prof.key_averages() if e.key.startswith("aten::")]
     total = sum(e.self_cpu_time_total for e in ev)
-    print(f"\n### padless layer step: top aten ops by self CPU time ({sum(e.count for e in ev)} aten calls)\n")
+    print(f"\n### padless {piece} step: top aten ops by self CPU time ({sum(e.count for e in ev)} aten calls)\n")
     print("| op | calls | self CPU (ms) | share |")
     print("|---|---:|---:|---:|")
     for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]:
@@ -341,8 +341,8 @@ def main() -> None:
         c16 = op_count(layer, Batch(lengths(random.Random(16), 16, args.lo, args.hi), args.cs, args.cz, 16))
         print(f"\naten ops per padless layer step: B=4 {c4[0]}, B=16 {c16[0]} (ratio {c16[0] / c4[0]:.2f}); "
               f"top-level: B=4 {c4[1]}, B=16 {c16[1]} (ratio {c16[1] / c4[1]:.2f})")
-    if args.profile:
-        profile(layer, batches[0], 15)
+    if args.profile:  # the whole layer, or the one piece asked for
+        profile(layer, batches[0], 15, pieces[0] if len(pieces) == 1 else "layer")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import types
-from typing import Any, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 from torch import Tensor
@@ -270,6 +270,122 @@ def twin_transpose_pair(x: Tensor, n: Tensor, m: Tensor, offsets: Tensor) -> Ten
     ns = n.clamp_min(1).index_select(0, sid)
     src = offsets[:-1].index_select(0, sid) + torch.remainder(q, ns) * m.index_select(0, sid) + torch.div(q, ns, rounding_mode="floor")
     return x.index_select(0, src)
+
+
+# ---------------------------------------------------------------------------- size buckets
+
+
+MAX_BUCKETS = 4
+"""Most dense calls a bucketed op makes (so its op count does not grow with the batch)."""
+
+
+def size_buckets(ext: Tensor, weight: Tensor | None = None, cost: Callable[[Sequence[int]], float] | None = None,
+                 overhead: float = 0.0, max_buckets: int = MAX_BUCKETS) -> list[list[int]]:
+    """Samples grouped for dense calls padded to each group's largest extents.
+
+    ``ext`` ``(B, L)`` (host int64): every sample's extents along the dims padded together;
+    ``weight`` ``(B,)``: independent problems per sample (default 1); ``cost(extents)``: the
+    work of one problem (default: the product of the extents). A bucket of samples ``S``
+    costs ``sum(weight[S]) * cost(max ext[S])``, and every bucket ``overhead`` more (the
+    fixed price of a dense call). Samples are sorted by size and split into at most
+    ``max_buckets`` contiguous runs, choosing the count and the splits that minimise the
+    total (exactly, by dynamic programming over the sorted order). Host work, done once
+    per structure by the callers.
+
+    >>> size_buckets(torch.tensor([[2], [9], [3], [8]]), overhead=1.0)
+    [[0, 2], [3, 1]]
+    >>> size_buckets(torch.tensor([[2], [9], [3], [8]]), overhead=100.0)
+    [[0, 2, 3, 1]]
+    """
+    b = ext.shape[0]
+    if b == 0:
+        return []
+    cost = cost or (lambda e: float(math.prod(e)))
+    w = torch.ones(b, dtype=torch.int64) if weight is None else weight.to(torch.int64)
+    rows = ext.tolist()
+    order = sorted(range(b), key=lambda i: (cost(rows[i]), rows[i]))
+    # coarsen long batches to at most 64 runs of sorted samples, then split optimally
+    step = -(-b // 64)
+    units = [order[i:i + step] for i in range(0, b, step)]
+    ue = [[max(rows[i][j] for i in u) for j in range(ext.shape[1])] for u in units]
+    uw = [sum(int(w[i]) for i in u) for u in units]
+    n = len(units)
+    span = {}
+    for lo in range(n):
+        env = ue[lo]
+        for hi in range(lo + 1, n + 1):
+            env = [max(x, y) for x, y in zip(env, ue[hi - 1])]
+            span[(lo, hi)] = float(sum(uw[lo:hi])) * cost(env) + overhead
+    best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [])}
+    choice = None
+    for k in range(1, min(max_buckets, n) + 1):
+        for hi in range(k, n + 1):
+            best[(k, hi)] = min(((best[(k - 1, lo)][0] + span[(lo, hi)], best[(k - 1, lo)][1] + [hi])
+                                 for lo in range(k - 1, hi) if (k - 1, lo) in best), key=lambda c: c[0])
+        if choice is None or best[(k, n)][0] < choice[0]:
+            choice = best[(k, n)]
+    bounds = [0] + choice[1]
+    return [[i for u in units[bounds[j]:bounds[j + 1]] for i in u] for j in range(len(choice[1]))]
+
+
+class RowMap(NamedTuple):
+    """An injective row map ``y[r] = x[index[r]]``, where ``index[r] == len(x)`` (a *hole*)
+    reads a fill value instead; built once on the host by :func:`row_map`."""
+
+    index: Tensor  # (R,) int64, holes = len(x)
+    safe: Tensor  # index with holes pointing at row 0 (what index_select reads)
+    holes: Tensor | None  # rows of y that are holes, or None
+
+
+def row_map(index: Tensor, n_src: int, device: torch.device | str) -> RowMap:
+    """:class:`RowMap` of a host index whose entries ``== n_src`` are holes, on ``device``."""
+    hole = index == n_src
+    holes = hole.nonzero()[:, 0] if bool(hole.any()) else None
+    safe = index.masked_fill(hole, 0)
+    dev = torch.device(device)
+    return RowMap(index.to(dev, non_blocking=True), safe.to(dev, non_blocking=True),
+                  None if holes is None else holes.to(dev, non_blocking=True))
+
+
+def padding_maps(index: Tensor, rows: int, device: torch.device | str) -> tuple[RowMap, RowMap]:
+    """Both directions of an injective host map ``index`` from packed rows into ``rows``
+    padded rows: ``(to_padded, to_packed)``, the padded rows reading packed rows (holes where
+    none lands) and the packed rows reading their padded rows."""
+    inv = torch.full((rows,), index.shape[0], dtype=torch.int64)
+    inv[index] = torch.arange(index.shape[0])
+    return row_map(inv, index.shape[0], device), row_map(index, rows, device)
+
+
+class _RowGather(torch.autograd.Function):
+    """``y = x`` read through ``fwd`` (holes read ``fill``); the backward reads ``dy`` through the
+    inverse map ``bwd`` (holes: rows of ``x`` no output reads, zero), so neither direction
+    scatters: padding rows into a buffer and packing them back are this one op with the
+    maps swapped."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fwd: RowMap, bwd: RowMap, fill: float) -> Tensor:
+        ctx.maps = (fwd, bwd)
+        return read_rows(x, fwd, fill)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        fwd, bwd = ctx.maps
+        return _RowGather.apply(g, bwd, fwd, 0.0), None, None, None
+
+
+def read_rows(x: Tensor, m: RowMap, fill: float) -> Tensor:
+    """Rows of ``x`` read through ``m``, holes ``fill`` (plain ops: differentiable through
+    autograd, but its backward scatters; :func:`gather_rows` is the gather-only version)."""
+    y = x.index_select(0, m.safe)
+    if m.holes is not None:
+        y.index_fill_(0, m.holes, fill)
+    return y
+
+
+def gather_rows(x: Tensor, fwd: RowMap, bwd: RowMap, fill: float = 0.0) -> Tensor:
+    """Rows of ``x`` read through the injective map ``fwd`` (holes read ``fill``), whose
+    inverse ``bwd`` the backward reads the gradient through (see :class:`_RowGather`)."""
+    return _RowGather.apply(x, fwd, bwd, fill)
 
 
 # ---------------------------------------------------------------------------- dispatch

@@ -6,7 +6,10 @@ The normalised groups are the strided runs of :mod:`padless.ops.kernels.segment`
 triangle-attention pattern. One program per (group, block of features) makes two
 passes: an online max/sum, then the write; the backward also makes two passes
 (``sum(dy * y)`` or ``sum(dy)``, then the write). The torch **twin** is the
-``scatter_reduce`` / ``index_add`` composition over per-row group ids.
+``scatter_reduce`` / ``index_add`` composition over per-row group ids; when the groups are
+runs of consecutive rows (softmax over the last ragged dim), a dense softmax per padded
+bucket of similar samples (a few calls whatever the batch size, :class:`_BucketedSoftmax`),
+or per sample for large samples.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.kernels import dispatch
+from padless.ops.kernels.layout import padding_maps, read_rows, size_buckets
 from padless.ops.kernels.segment import BLOCK_R, Groups, twin_reduce
 
 
@@ -158,16 +162,20 @@ ragged_softmax_op.register_autograd(_backward, setup_context=_setup)
 def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
     """The torch twin: max and sum per group with ``scatter_reduce`` / ``index_add``; when
     every sample's groups are runs of consecutive rows (``g.runs()``: softmax over the last
-    ragged dim in storage order), one dense softmax per sample on a view instead."""
+    ragged dim in storage order), a dense softmax along dim 1 instead: of padded buckets
+    (:func:`_bucketed_runs`: a few calls whatever the batch size) for small samples, of
+    every sample's rows for large ones (:data:`BUCKET_LIMIT`)."""
     runs = g.runs() if hasattr(g, "runs") else None
     if runs is not None and g.empty_group_sample < 0:
+        if not values.shape[0]:
+            return values.clone()
+        if values.numel() <= BUCKET_LIMIT * len(runs):
+            return _bucketed_runs(values, runs, g.cache, log)
         fn = torch.log_softmax if log else torch.softmax
         static = values.shape[1:]
         pieces = values.split([hi - lo for lo, hi, _ in runs])  # one split: its backward is one cat
         parts = [fn(p.reshape(p.shape[0] // c, c, *static), 1).reshape(p.shape)
                  for p, (lo, hi, c) in zip(pieces, runs) if hi > lo]
-        if not parts:
-            return values.clone()
         return torch.cat(parts) if len(parts) != 1 else parts[0]
     with torch.no_grad():
         m = twin_reduce(values, g, "amax") if g.n_groups else values.new_zeros((0, *values.shape[1:]))
@@ -177,6 +185,96 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
     if log:
         return shifted - torch.log(s.index_select(0, g.gid))
     return e / s.index_select(0, g.gid)
+
+
+BUCKET_LIMIT = 65_536
+"""Mean elements per sample up to which the twin runs in padded buckets (a few calls for
+the batch); larger samples run one softmax each on views of their rows, which moves less
+data than padding them (the per-call price is small next to their work)."""
+SOFTMAX_CALL_COST = 10_000.0
+"""Fixed price of one more softmax bucket (its calls and autograd nodes), in padded
+elements (forward and backward: about 40 us on a CPU)."""
+
+
+def _runs_plan(runs: list[tuple[int, int, int]], total: int, static: tuple[int, ...], device: torch.device) -> tuple:
+    """Padded buckets for groups of ``c_i`` consecutive rows (sample ``i``'s rows ``lo:hi``):
+    samples of similar ``c`` share a bucket ``(groups, max c)``. Returns the per-bucket
+    ``(first row, groups, width)`` and the row maps between the buffer and the value rows."""
+    live = [(i, lo, hi, c) for i, (lo, hi, c) in enumerate(runs) if hi > lo]
+    ext = torch.tensor([[c] for _, _, _, c in live], dtype=torch.int64).reshape(len(live), 1)
+    weight = torch.tensor([(hi - lo) // c for _, lo, hi, c in live], dtype=torch.int64)
+    buckets = []
+    dest = torch.empty(total, dtype=torch.int64)
+    start = 0
+    f = float(math.prod(static))
+    for ids in size_buckets(ext, weight, cost=lambda e: e[0] * f, overhead=SOFTMAX_CALL_COST):
+        width = int(ext[ids, 0].max())
+        groups = 0
+        for j in ids:
+            _, lo, hi, c = live[j]
+            local = torch.arange(hi - lo)
+            dest[lo:hi] = start + (groups + local // c) * width + local % c
+            groups += (hi - lo) // c
+        buckets.append((start, groups, width))
+        start += groups * width
+    return buckets, padding_maps(dest, start, device)
+
+
+def _bucketed_runs(values: Tensor, runs: list[tuple[int, int, int]], cache: dict, log: bool) -> Tensor:
+    """Softmax over runs of consecutive rows, in padded buckets (``-inf`` at padded places)."""
+    key = ("bucketed_runs", values.device, tuple(values.shape[1:]))
+    if key not in cache:
+        cache[key] = _runs_plan(runs, values.shape[0], tuple(values.shape[1:]), values.device)
+    return _BucketedSoftmax.apply(values, cache[key], log)
+
+
+def _per_bucket(fn, buf: Tensor, buckets, static, *more: Tensor) -> Tensor:
+    """``fn`` along the groups' dim of every bucket of the padded buffer(s), rows back in order.
+
+    Softmax runs along the last, contiguous dim: torch's CPU softmax over a strided dim
+    (features inner) is several times slower than a transposing copy plus the contiguous one.
+    """
+    f = math.prod(static)
+    sizes = [n * w for _, n, w in buckets]
+    pieces = [t.split(sizes) for t in (buf, *more)]  # one split each: the backward is one cat
+    parts = []
+    for k, (_, n, w) in enumerate(buckets):
+        views = [p[k].view(n, w, f).transpose(1, 2) for p in pieces]
+        parts.append(fn(*views).transpose(1, 2).reshape(n * w, *static))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+
+class _BucketedSoftmax(torch.autograd.Function):
+    """Softmax over runs of rows as one autograd node: gather into padded buckets, one dense
+    (log_)softmax per bucket, gather back; the backward does the same with torch's softmax
+    backward (written with differentiable ops on the saved output: double backward works)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, plan: tuple, log: bool) -> Tensor:
+        buckets, (to_buf, to_rows) = plan
+        fn = torch.log_softmax if log else torch.softmax
+        buf = read_rows(x, to_buf, float("-inf"))
+        ypad = _per_bucket(lambda t: fn(t, -1), buf, buckets, x.shape[1:])
+        y = read_rows(ypad, to_rows, 0.0)
+        ctx.plan, ctx.log = plan, log
+        ctx.save_for_backward(y, ypad)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        y, ypad = ctx.saved_tensors
+        buckets, (to_buf, to_rows) = ctx.plan
+        # padded places: output 0 (softmax) or -inf (log_softmax), gradient 0: they add nothing
+        if torch.is_grad_enabled():  # double backward: the padded output as a function of y
+            ypad = read_rows(y, to_buf, float("-inf") if ctx.log else 0.0)
+        dypad = read_rows(dy.contiguous(), to_buf, 0.0)
+        bwd = torch._log_softmax_backward_data if ctx.log else torch._softmax_backward_data
+
+        def fn(g: Tensor, out: Tensor) -> Tensor:
+            return bwd(g.contiguous(), out.contiguous(), -1, y.dtype)
+
+        dx = _per_bucket(fn, dypad, buckets, y.shape[1:], ypad)
+        return read_rows(dx, to_rows, 0.0), None, None
 
 
 def ragged_softmax(values: Tensor, g: "Groups", log: bool = False) -> Tensor:

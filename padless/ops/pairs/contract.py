@@ -5,13 +5,15 @@
   the contracted dim is static.
 * NestedTensor ``@`` NestedTensor (``q @ k.transpose(-1, -2)`` giving ``(Q_i, K_i)``,
   ``attn @ v``, triangle products) contracts a ragged dim whose extent differs per
-  sample. There is no segmented GEMM in torch without padding, so this runs one
-  dense matmul per sample on views of ``values`` (a loop over samples, no padding)
-  and packs the results; a grouped-GEMM kernel is the planned CUDA path.
+  sample. There is no segmented GEMM in torch, so on CUDA one grouped-GEMM launch runs
+  it (:mod:`padless.ops.pairs.grouped`); otherwise samples of similar size share padded
+  buckets and one dense call runs per bucket (:mod:`padless.ops.pairs.bucketed`: at most
+  four calls whatever the batch size). The per-sample loop on views of ``values`` is
+  the fallback (under ``torch.compile``, or ragged extents that broadcast).
 * ``einsum`` whose product is no larger than its largest operand (outer products
   ``bic,bjc->bijc``, ``bijc,bjc->bic``, ...) is computed as pair broadcasting plus
-  a segmented sum; other equations (triangle multiplication ``bikc,bjkc->bijc``)
-  run per sample as above.
+  a segmented sum; other equations (triangle multiplication ``bikc,bjkc->bijc``,
+  ``bihd,bjhd->bhij``) contract as above.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import torch
 from torch import Tensor
 
 
-from padless.ops.pairs import grouped
+from padless.ops.pairs import bucketed, grouped
 from padless.ops.common.structure import STATIC, call, keep_all, restructure, values_dim
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, rewrap, values_of
@@ -227,6 +229,9 @@ def matmul(func, a=None, b=None, **kwargs) -> Tensor:
     fused = grouped.matmul_nested(a, b)  # one Triton launch on CUDA (kernels.dispatch), else None
     if fused is not None:
         return fused
+    batched = bucketed.matmul(a, b)  # a few dense calls over padded buckets of similar samples
+    if batched is not None:
+        return batched
     return per_sample("matmul", torch.matmul, [a, b], out_ragged)
 
 
@@ -248,6 +253,9 @@ def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kw
                 "dense (B, m, p) tensor (use matmul for other ranks)"
             )
     check_contraction("bmm", [a, b], [[1, 0]])
+    batched = bucketed.matmul(a, b)
+    if batched is not None:
+        return batched
     return per_sample("bmm", torch.mm, [a, b], _matmul_out_ragged(a, b))
 
 
@@ -300,10 +308,14 @@ def einsum(func, equation: str, *operands) -> Tensor:
         fused = grouped.contract_nested(operands[0], ins[0][1:], operands[1], ins[1][1:], out[1:])
         if fused is not None:
             return fused
-        if not _is_traced(operands[0]._values):
-            tri = eager_pair_einsum(ins, out, operands)
-            if tri is not None:
-                return tri
+    # a few dense calls over padded buckets of similar samples (op count independent of B)
+    batched = bucketed.contract([s[1:] for s in ins], out[1:], operands)
+    if batched is not None:
+        return batched
+    if len(operands) == 2 and not _is_traced(operands[0]._values):
+        tri = eager_pair_einsum(ins, out, operands)
+        if tri is not None:
+            return tri
     sample_eq = ",".join(s[1:] for s in ins) + "->" + out[1:]
     return per_sample("einsum", lambda *xs: torch.einsum(sample_eq, *xs), operands, out_ragged)
 

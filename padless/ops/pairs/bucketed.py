@@ -1,0 +1,362 @@
+"""Per-sample contractions of NestedTensors as a few dense calls over padded buckets.
+
+``einsum`` / ``@`` of two NestedTensors whose ragged dims differ per sample (``q @ k^T`` over
+rows of a pair state, ``einsum("bihd,bjhd->bhij", q, k)``, ``attn @ v``) has no segmented GEMM
+in torch. Instead of one dense call per sample, samples are grouped into at most
+:data:`padless.ops.kernels.layout.MAX_BUCKETS` buckets of similar size
+(:func:`padless.ops.kernels.layout.size_buckets`, choosing the count and the splits that
+minimise padded work plus a fixed price per call); each operand is gathered once into a
+buffer holding every bucket padded with zeros to its own largest extents, the dense
+``einsum`` runs once per bucket, and one gather takes every sample's result back to packed
+rows. Zeros along a contracted dim add nothing; results at padded positions are dropped, so
+the op count does not depend on the batch size. Samples of lengths 2, 5, 4 for
+``q (L_i, H, D) x k (L_i, H, D) -> (H, L_i, L_i)``::
+
+    buckets      [0] padded to L=2          [2, 1] padded to L=5
+    q buffer     rows (slot, l) of each bucket: 1*2 + 2*5 rows, zeros where l >= L_i
+    dense calls  einsum on (1, 2, H, D) x (1, 2, H, D); einsum on (2, 5, H, D) x (2, 5, H, D)
+    output       one gather of the valid (i, j) rows of both results, in sample order
+
+Both directions are gathers through row maps whose inverses are known
+(:func:`padless.ops.kernels.layout.gather_rows`), so no backward scatters. A two-operand
+contraction whose gradients are contractions of the same form (``out,other->mine``) is one
+autograd node (:class:`_Contract`); others differentiate through the ops. The row maps,
+the bucket views and the result's structure are computed once per (operand structures,
+equation) from host metadata and cached, so a deep stack builds them once per batch.
+
+When one dense call per sample costs little next to the samples' work (cubic triangle
+products of large pair states on a CPU, where padding and re-laying out the results cost
+more than the calls), :func:`contract` declines and the caller's per-sample loop runs.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import itertools
+import math
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from padless.ops.kernels.layout import RowMap, gather_rows, padding_maps, read_rows, size_buckets
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, envelope_from_sizes
+
+_LETTERS = "abcdefghijklmnopqrstuvwxy"
+_BATCH = "z"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Everything a bucketed contraction needs that depends only on the structures."""
+
+    equation: str  # the dense equation, batch letter first in every term
+    buckets: list[tuple[int, dict[str, int]]]  # per bucket: sample count, padded extent per letter
+    pads: list[tuple[RowMap, RowMap]]  # per operand: its padded buffer's rows <-> its packed rows
+    packs: tuple[RowMap, RowMap]  # the concatenated bucket results' rows <-> the result's rows
+    splits: list[list[int]]  # per operand: buffer rows of every bucket
+    views: list[list[tuple[list[int], list[int] | None]]]  # per bucket, per operand: dense shape, permutation
+    out_perm: list[int]  # result of a bucket -> storage order
+    out_shapes: list[list[int]]  # per bucket: its result in storage order
+    grad_equations: list[str] | None  # per operand: its gradient's equation (fused backward), or None
+    out_ragged: tuple[int, ...]
+    out_static: tuple[int, ...]
+    structure: tuple  # (offsets, sizes, env, meta) of the result
+    keep: tuple  # the partners' metadata, kept alive so the cache key's ids stay theirs
+
+
+def _letter_extents(ins: Sequence[str], operands: Sequence[NestedTensor]) -> tuple[dict[str, Tensor], dict[str, int]] | None:
+    """Per letter: per-sample extents (ragged in some operand) or one static extent; None when
+    a ragged letter's extents differ between operands (size-1 broadcasting: the per-sample path)."""
+    ragged: dict[str, Tensor] = {}
+    static: dict[str, int] = {}
+    for s, o in zip(ins, operands):
+        hs = o.host_sizes()
+        for d, c in enumerate(s):
+            if d in o._ragged:
+                col = hs[:, d]
+                if c in ragged and not torch.equal(ragged[c], col):
+                    return None
+                ragged[c] = col
+            else:
+                static[c] = max(static.get(c, 1), int(o._env[d]))
+    for c in ragged:
+        if c in static:
+            for s, o in zip(ins, operands):
+                if c in s and s.index(c) not in o._ragged and not bool((ragged[c] == int(o._env[s.index(c)])).all()):
+                    return None
+            del static[c]
+    return ragged, static
+
+
+def _rows_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: str, total: int,
+                bucket_of: Tensor, slot_of: Tensor, env: dict[str, Tensor], start: Tensor) -> tuple[Tensor, Tensor]:
+    """Padded buffer row of every packed row of one operand (host), and the rows per slot of
+    each bucket. ``env[c]``: per bucket padded extent of letter ``c``."""
+    per_slot = torch.ones(start.shape[0], dtype=torch.int64)
+    for d in ragged:
+        per_slot = per_slot * env[letters[d]]
+    sid, coords = layout.row_coords(hs, ho, ragged, total)
+    bk = bucket_of.index_select(0, sid)
+    flat = torch.zeros(total, dtype=torch.int64)
+    for d, c in zip(ragged, coords):
+        flat = flat * env[letters[d]].index_select(0, bk) + c
+    return start.index_select(0, bk) + slot_of.index_select(0, sid) * per_slot.index_select(0, bk) + flat, per_slot
+
+
+CALL_COST = 100_000.0
+"""Fixed price of one more bucket (its dense call, views and autograd nodes), in
+multiply-adds of a small CPU matmul, forward and backward (about 75 us)."""
+SAMPLE_CALL_COST = 350_000.0
+"""Fixed price of one sample in the per-sample loop (its dense call, slicing, packing and
+autograd nodes), in the same units (about 90 us)."""
+BUCKET_FACTOR = 1.15
+"""Padded work is dearer than the same work per sample: the buffers are gathered and the
+results re-laid out and gathered back (forward and backward)."""
+ELEMENT_COST = 4.0
+"""Price of one element of an operand or the result (its copies), in the same units."""
+
+
+def _cost(ins: Sequence[str], out: str, letters: list[str], static: dict[str, int]):
+    """Work of one sample slot padded to extents ``env`` (one per ragged letter): the
+    multiply-adds of the contraction plus the padded elements it moves."""
+    terms = [*ins, out]
+    every = "".join(dict.fromkeys("".join(terms)))
+
+    def cost(env: Sequence[int]) -> float:
+        ext = {**static, **dict(zip(letters, env))}
+        moved = sum(math.prod(ext[c] for c in t) for t in terms)
+        return float(math.prod(ext[c] for c in every)) + ELEMENT_COST * moved
+
+    return cost
+
+
+def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Plan | None:
+    ext = _letter_extents(ins, operands)
+    if ext is None:
+        return None
+    ragged_ext, static_ext = ext
+    b = operands[0].batch_size
+    letters = sorted(ragged_ext)
+    table = torch.stack([ragged_ext[c] for c in letters], 1) if letters else torch.zeros(b, 0, dtype=torch.int64)
+    cost = _cost(ins, out, letters, static_ext)
+    groups = size_buckets(table, cost=cost, overhead=CALL_COST)
+    rows = table.tolist()
+    padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
+                 for ids in groups)
+    per_sample = sum(cost(r) for r in rows) + b * SAMPLE_CALL_COST
+    if BUCKET_FACTOR * padded > per_sample:
+        return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
+    nbk = len(groups)
+    bucket_of = torch.zeros(b, dtype=torch.int64)
+    slot_of = torch.zeros(b, dtype=torch.int64)
+    for k, ids in enumerate(groups):
+        bucket_of[ids] = k
+        slot_of[ids] = torch.arange(len(ids))
+    env = {c: torch.stack([table[ids, j].max() if ids else torch.tensor(0) for ids in groups]) for j, c in enumerate(letters)}
+    counts = torch.tensor([len(ids) for ids in groups], dtype=torch.int64)
+    dev = operands[0]._values.device
+
+    def index(hs, ho, ragged, s, total):
+        per_slot = torch.ones(nbk, dtype=torch.int64)
+        for d in ragged:
+            per_slot = per_slot * env[s[d]]
+        start = layout.offsets_from_counts(counts * per_slot)
+        idx, _ = _rows_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1])
+        return idx, start
+
+    pads, starts = [], []
+    for s, o in zip(ins, operands):
+        idx, start = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0])
+        pads.append(padding_maps(idx, int(start[-1]), dev))
+        starts.append(start.tolist())
+    out_ragged = tuple(d for d, c in enumerate(out) if c in ragged_ext)
+    out_hs = torch.stack([ragged_ext[c] if c in ragged_ext else torch.full((b,), static_ext[c], dtype=torch.int64)
+                          for c in out], 1) if out else torch.zeros(b, 0, dtype=torch.int64)
+    out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, out_ragged))
+    gather, out_start = index(out_hs, out_ho, out_ragged, out, int(out_ho[-1]))
+    packs = padding_maps(gather, int(out_start[-1]), dev)
+    out_static = tuple(static_ext[c] for d, c in enumerate(out) if d not in out_ragged)
+    env_out = envelope_from_sizes(out_hs, out_ragged, out_static)
+    on_cpu = dev.type == "cpu"
+    structure = (out_ho if on_cpu else out_ho.to(dev, non_blocking=True), out_hs if on_cpu else out_hs.to(dev, non_blocking=True),
+                 env_out, StructureMeta(out_hs, out_ho))
+    per_bucket = [(int(counts[k]), {**{c: int(env[c][k]) for c in letters}, **static_ext}) for k in range(nbk)]
+    equation = ",".join(_BATCH + s for s in ins) + "->" + _BATCH + out
+    views = [[_view(o, s, nb, ext) for s, o in zip(ins, operands)] for nb, ext in per_bucket]
+    out_order = layout.storage_order(len(out), out_ragged)
+    out_perm = [0, *[1 + d for d in out_order]]
+    out_shapes = [[nb, *[ext[out[d]] for d in out_order]] for nb, ext in per_bucket]
+    splits = [[b_ - a_ for a_, b_ in zip(st[:-1], st[1:])] for st in starts]
+    return _Plan(equation, per_bucket, pads, packs, splits, views, out_perm, out_shapes,
+                 _grad_equations(ins, out, operands), out_ragged,
+                 out_static, structure, tuple(o._meta for o in operands[1:]))
+
+
+def _grad_equations(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> list[str] | None:
+    """``out,other->mine`` for both operands of a two-operand contraction whose gradients are
+    contractions of the same form (every letter of an operand is in the result or the other
+    operand, and static extents agree: no broadcasting to sum back), else None."""
+    if len(ins) != 2:
+        return None
+    (x, y), (a, b) = ins, operands
+    if not set(x) <= set(out) | set(y) or not set(y) <= set(out) | set(x):
+        return None
+    for c in set(x) & set(y):
+        dx, dy = x.index(c), y.index(c)
+        if (dx in a._ragged) != (dy in b._ragged) or (dx not in a._ragged and int(a._env[dx]) != int(b._env[dy])):
+            return None
+    return [f"{_BATCH}{out},{_BATCH}{y}->{_BATCH}{x}", f"{_BATCH}{out},{_BATCH}{x}->{_BATCH}{y}"]
+
+
+def _view(nt: NestedTensor, letters: str, nb: int, ext: dict[str, int]) -> tuple[list[int], list[int] | None]:
+    """Shape of one bucket's rows of an operand's buffer, and the permutation to sample order."""
+    order = layout.storage_order(nt.sample_dim, nt._ragged)
+    shape = [nb, *[ext[letters[d]] if d in nt._ragged else int(nt._env[d]) for d in order]]
+    inv = layout.inverse_order(order)
+    return shape, ([0, *[1 + p for p in inv]] if inv != list(range(len(inv))) else None)
+
+
+PLAN_CACHE_SIZE = 16
+"""Plans one structure keeps for its latest contraction partners and equations (LRU)."""
+
+
+def _plan(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Plan | None:
+    key = ("bucketed", tuple(ins), out, tuple(id(o._meta) for o in operands[1:]), operands[0]._values.device)
+    cache = operands[0]._meta.derived.setdefault("bucketed_plans", collections.OrderedDict())
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    plan = _build(ins, out, operands)
+    cache[key] = plan
+    while len(cache) > PLAN_CACHE_SIZE:
+        cache.popitem(last=False)
+    return plan
+
+
+def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> NestedTensor | None:
+    """``einsum`` over the sample dims of NestedTensors (``ins``/``out``: the letters of every
+    operand and the result, batch letter excluded) in padded buckets, or None when this path
+    does not apply (traced, no host metadata, dtypes differ, repeated letters, ragged extents
+    that differ between operands of one sample) or would be slower than the per-sample loop
+    (samples so large that one dense call each costs little next to their work, see
+    :data:`SAMPLE_CALL_COST`): the caller's per-sample path runs then."""
+    if not operands or any(_is_traced(o._values) or o._meta.host_sizes is None for o in operands):
+        return None
+    if len({o._values.dtype for o in operands}) > 1 or len({o.batch_size for o in operands}) > 1:
+        return None
+    if any(len(set(s)) != len(s) for s in ins) or len(set(out)) != len(out) or operands[0].batch_size == 0:
+        return None
+    if any(not set(c).issubset(set(_LETTERS)) for c in (*ins, out)):
+        ins, out = _rename(ins, out)
+    plan = _plan(ins, out, operands)
+    if plan is None:
+        return None
+    vals = [values_of(o) for o in operands]
+    if plan.grad_equations is not None:  # one autograd node for the whole contraction
+        packed = _Contract.apply(plan, *vals)
+    else:
+        bufs = [gather_rows(v, to_buf, to_rows) for v, (to_buf, to_rows) in zip(vals, plan.pads)]
+        packed = gather_rows(_buckets(plan, bufs), plan.packs[1], plan.packs[0])
+    offsets, sizes, env_out, meta = plan.structure
+    return nested_from_values(packed, offsets, sizes, plan.out_ragged, env_out, meta)
+
+
+def _dense(plan: _Plan, bufs: Sequence[Tensor]) -> list[list[Tensor]]:
+    """Per bucket, every operand's padded samples ``(nb, *sample)`` (views of its buffer)."""
+    # one split per buffer (its backward is one cat; a narrow per bucket would zero-fill the
+    # whole buffer's gradient once per bucket)
+    pieces = [buf.split(sp) for buf, sp in zip(bufs, plan.splits)]
+    out = []
+    for k, views in enumerate(plan.views):
+        dense = []
+        for pc, (shape, perm) in zip(pieces, views):
+            x = pc[k].view(shape)
+            dense.append(x.permute(perm) if perm is not None else x)
+        out.append(dense)
+    return out
+
+
+def _buckets(plan: _Plan, bufs: Sequence[Tensor]) -> Tensor:
+    """The dense contraction of every bucket, as rows (storage order) one bucket after another."""
+    parts = [torch.einsum(plan.equation, *dense).permute(plan.out_perm) for dense in _dense(plan, bufs)]
+    if torch.is_grad_enabled() and any(p.requires_grad for p in parts):
+        parts = [p.reshape(-1, *plan.out_static) for p in parts]
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+    return _join(parts, plan.out_static)
+
+
+def _join(parts: Sequence[Tensor], static: Sequence[int]) -> Tensor:
+    """Strided bucket results copied once into one buffer of rows (no reshape copy + cat)."""
+    rows = [math.prod(p.shape) // max(math.prod(static), 1) for p in parts]
+    out = parts[0].new_empty((sum(rows), *static))
+    for p, lo, n in zip(parts, itertools.accumulate([0] + rows), rows):
+        out[lo:lo + n].view(p.shape).copy_(p)
+    return out
+
+
+class _Contract(torch.autograd.Function):
+    """A two-operand bucketed contraction as one autograd node: forward and backward each
+    gather into the padded buckets, run one dense ``einsum`` per bucket and operand, and
+    gather back (the gradients are contractions of the same form, ``out,other->mine``).
+    The backward is written with differentiable ops on the saved inputs, so double
+    backward works."""
+
+    @staticmethod
+    def forward(ctx, plan: _Plan, a: Tensor, b: Tensor) -> Tensor:
+        ctx.plan = plan
+        bufs = [read_rows(v, to_buf, 0.0) for v, (to_buf, _) in zip((a, b), plan.pads)]
+        ctx.save_for_backward(a, b, *bufs)
+        return read_rows(_buckets(plan, bufs), plan.packs[1], 0.0)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        plan = ctx.plan
+        a, b, *bufs = ctx.saved_tensors
+        if torch.is_grad_enabled():  # double backward: the buffers again, as functions of a and b
+            bufs = [read_rows(v, to_buf, 0.0) for v, (to_buf, _) in zip((a, b), plan.pads)]
+        gbuf = read_rows(g.contiguous(), plan.packs[0], 0.0)
+        gparts = gbuf.split([math.prod(shape) // math.prod(plan.out_static) for shape in plan.out_shapes])
+        inv_out = layout.inverse_order(plan.out_perm)
+        grads: list[list[Tensor]] = [[], []]
+        for k, dense in enumerate(_dense(plan, bufs)):
+            gk = gparts[k].view(plan.out_shapes[k]).permute(inv_out)
+            for j, need in enumerate(ctx.needs_input_grad[1:]):
+                if not need:
+                    continue
+                gj = torch.einsum(plan.grad_equations[j], gk, dense[1 - j])
+                shape, perm = plan.views[k][j]
+                grads[j].append(gj.permute(layout.inverse_order(perm)) if perm is not None else gj)
+        out = [None, None]
+        for j, parts in enumerate(grads):
+            if parts:
+                static = (a, b)[j].shape[1:]
+                if torch.is_grad_enabled():  # double backward: differentiable ops
+                    parts = [p.reshape(-1, *static) for p in parts]
+                    rows = torch.cat(parts) if len(parts) > 1 else parts[0]
+                else:
+                    rows = _join(parts, static)
+                out[j] = read_rows(rows, plan.pads[j][1], 0.0)
+        return None, out[0], out[1]
+
+
+def _rename(ins: Sequence[str], out: str) -> tuple[list[str], str]:
+    """The equation with letters from :data:`_LETTERS` (the batch letter is reserved)."""
+    names: dict[str, str] = {}
+    for c in "".join(ins) + out:
+        names.setdefault(c, _LETTERS[len(names)])
+    return ["".join(names[c] for c in s) for s in ins], "".join(names[c] for c in out)
+
+
+def matmul(a: NestedTensor, b: NestedTensor) -> NestedTensor | None:
+    """``a @ b`` for NestedTensors of one sample rank ``>= 2`` (batch dims matched dim by dim,
+    size-1 static batch dims broadcast), or None (see :func:`contract`)."""
+    r = a.sample_dim
+    if b.sample_dim != r or r < 2 or r + 2 > len(_LETTERS):
+        return None
+    batch = _LETTERS[: r - 2]
+    m, k, n = _LETTERS[r - 2: r + 1]
+    return contract([batch + m + k, batch + k + n], batch + m + n, [a, b])
