@@ -145,3 +145,18 @@ def test_fallback_refuses_ops_that_mix_samples():
         # eval-mode batch norm is per sample: the fallback may run it (and torch.batch_norm has a handler)
         out = torch.batch_norm(x, None, None, rm, rv, False, 0.1, 1e-5, False)
         assert_close_samples(out, [F.batch_norm(s[None], rm, rv)[0] for s in x.unbind()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batch_norm_cumulative_average_and_low_precision_match_torch_on_all_pixels(dtype):
+    # momentum=None (cumulative running stats) and bf16: torch's batch norm on every real pixel side by side
+    bn, ref = nn.BatchNorm2d(3, momentum=None).to(dtype), nn.BatchNorm2d(3, momentum=None).to(dtype)
+    x, dense = image_batch(SIZES, seed=3, dtype=dtype, requires_grad=True)
+    flat = torch.cat([d.flatten(1) for d in dense], 1)[None, :, None]  # (1, C, 1, sum H_i W_i)
+    for _ in range(2):
+        out, want = bn(x), ref(flat)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else {}
+    torch.testing.assert_close(out.values(), want[0, :, 0].t(), **tol)
+    torch.testing.assert_close(bn.running_mean, ref.running_mean, **tol)
+    torch.testing.assert_close(bn.running_var, ref.running_var, **tol)
+    assert out.dtype == dtype

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 import padless
 from padless.ops.vision import pack, spatial
+from padless.ops.vision.pack import grid_index, grid_sources
 from padless.ops.vision.spatial import Geometry, build_spatial_plan, spatial_plan
 from padless.testing.vision import check_layer, image_batch
 
@@ -149,4 +150,57 @@ def test_grid_index_is_each_pixels_canvas_position():
     hw = torch.randint(0, 9, (17, 2), generator=g)  # empty rows and columns included
     base = torch.randint(0, 1000, (17,), generator=g)
     _, sid, a, b = spatial._coords(hw)
-    assert torch.equal(spatial._grid_index(base, hw, 23), base[sid] + a * 23 + b)
+    place = torch.from_numpy(grid_index(base.tolist(), hw.tolist(), 23))
+    assert torch.equal(place, base[sid] + a * 23 + b)
+
+
+def test_grid_sources_invert_the_placement():
+    g = torch.Generator().manual_seed(7)
+    hw = torch.randint(0, 6, (9, 2), generator=g)
+    base = [i * 6 * 23 + int(x) for i, x in enumerate(torch.randint(0, 17, (9,), generator=g))]  # disjoint grids
+    place = torch.from_numpy(grid_index(base, hw.tolist(), 23))
+    total = 9 * 6 * 23 + 5
+    want = torch.full((total,), -1, dtype=torch.int64).index_copy_(0, place, torch.arange(place.shape[0]))
+    assert torch.equal(torch.from_numpy(grid_sources(base, hw.tolist(), 23, total, [True] * 9)), want)
+
+
+@pytest.mark.parametrize("fill_after", [0, 1 << 40], ids=["gather_then_fill", "fill_row_appended"])
+def test_both_ways_of_filling_the_gaps_agree_with_each_image_alone(fill_after, monkeypatch):
+    # large canvases gather the rows and fill the gaps in place; small ones append a fill row
+    monkeypatch.setattr(spatial, "_FILL_AFTER", fill_after)
+    torch.manual_seed(0)
+    x, dense = image_batch([(9, 13), (5, 4), (12, 7), (1, 1)], seed=3, dtype=D, requires_grad=True)
+    conv = nn.Conv2d(3, 4, 3, 1, 1).to(D)
+    check_layer(conv, x, dense, params=[conv.weight, conv.bias])
+    check_layer(nn.Conv2d(3, 2, 3, 2, 1).to(D), x, dense)
+    check_layer(nn.MaxPool2d(3, 2, 1), x, dense)  # gaps -inf
+    tconv = nn.ConvTranspose2d(3, 2, 3, 2, 1, output_padding=1).to(D)
+    check_layer(tconv, x, dense, params=[tconv.weight])
+
+
+def test_stem_without_input_gradient_keeps_its_canvas():
+    # the images into the stem need no gradient: the conv saves its input canvas, and the weight
+    # gradient is still each image's own (a batch of one per image, summed)
+    torch.manual_seed(0)
+    x, dense = image_batch([(20, 31), (9, 7), (14, 14)], seed=4, dtype=D)
+    stem = nn.Conv2d(3, 5, 7, 2, 3, bias=False).to(D)
+    out = stem(x)
+    cot = [torch.randn(o.shape, dtype=D) for o in out.unbind()]
+    (got,) = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cot)), [stem.weight])
+    (want,) = torch.autograd.grad(sum((stem(d[None])[0] * c).sum() for d, c in zip(dense, cot)), [stem.weight])
+    torch.testing.assert_close(got, want)
+    for o, d in zip(out.unbind(), dense):
+        torch.testing.assert_close(o, stem(d[None])[0])
+
+
+@pytest.mark.parametrize("layout", ["tiles", "canvas"])
+def test_max_pool_gradient_goes_to_each_windows_first_maximum(layout, monkeypatch):
+    # ties (a constant patch) and a window of one real pixel next to the gaps: the gradient of every
+    # output reaches the pixel torch picks on the image alone
+    monkeypatch.setattr(spatial, "DEFAULT_LAYOUT", layout)
+    x, dense = image_batch([(6, 7), (3, 3), (4, 9)], seed=5, dtype=D, requires_grad=True)
+    with torch.no_grad():
+        x._values[:10] = 0.5
+        dense[0].view(3, -1).t()[:10] = 0.5
+    for kw in (dict(kernel_size=3, stride=2, padding=1), dict(kernel_size=2, stride=1), dict(kernel_size=3, stride=2, dilation=2, padding=1)):
+        check_layer(nn.MaxPool2d(**kw), x, dense)

@@ -57,16 +57,25 @@ def _dense_params(op: str, x: Any, weight: Any, bias: Any) -> None:
         raise TypeError(f"{op}(): weight and bias must be dense tensors, got a NestedTensor")
 
 
+_VALID: set = set()  # (op, key, geometry) whose arguments passed torch's check on images large enough
+
+
 def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor], Any], key: Any = None) -> None:
     """Torch's errors, from the dense op on meta tensors: a too-small image (named), else the
     arguments themselves (weight shape, groups, output_padding) on the first image's shape.
     With ``key`` (everything besides the plan that ``dense`` depends on), a passing check is
-    remembered on the plan and not run again (a steady-state layer does no meta calls)."""
+    remembered on the plan and not run again (a steady-state layer does no meta calls), and for the
+    layer's geometry: once the arguments pass on one batch, a batch whose images are all large enough
+    for the window passes too (the check on the first image is then a check of the arguments alone)."""
     if key is not None:
         if ("valid", op, key) in plan._divisors:
             return
+        if not plan.too_small and (op, key, plan.geometry) in _VALID:  # the arguments were checked on other sizes
+            return
         _validate(op, plan, channels, dense)
         plan._divisors[("valid", op, key)] = True
+        if not plan.too_small:
+            _VALID.add((op, key, plan.geometry))
         return
     err = too_small_error(op, plan, channels, dense)
     if err is not None:
@@ -82,7 +91,8 @@ def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor
 
 
 class _PlanConv(torch.autograd.Function):
-    """rows -> canvas -> native (transposed) convolution -> rows, saving only the packed input.
+    """rows -> canvas -> native (transposed) convolution -> rows, saving only the packed input
+    (its canvas instead when the input needs no gradient: the images into a stem).
 
     Autograd of the three steps would save the canvas (a second copy of the input,
     ~1.2x its size) and turn the output gather's gradient into a scatter-add; here the
@@ -97,7 +107,10 @@ class _PlanConv(torch.autograd.Function):
         cl = conv_channels_last(plan, v.shape[1], weight)
         blocks = plan.to_blocks(v, channels_last=cl)
         y = torch.ops.aten.convolution(blocks, weight, bias, stride, [0, 0], dilation, transposed, [0, 0], groups)
-        ctx.save_for_backward(v, weight)
+        # an input without gradient (the images into the stem) keeps its canvas: the backward then
+        # needs no gather (and the rows may not be kept alive by anything else)
+        ctx.keep_canvas = not ctx.needs_input_grad[0]
+        ctx.save_for_backward(blocks if ctx.keep_canvas else v, weight)
         ctx.args = (plan, stride, dilation, groups, transposed, None if bias is None else [bias.shape[0]], cl)
         return plan.from_blocks(y)
 
@@ -109,7 +122,7 @@ class _PlanConv(torch.autograd.Function):
         need = list(ctx.needs_input_grad[:3])
         need[2] = need[2] and bias_sizes is not None
         gi, gw, gb = torch.ops.aten.convolution_backward(
-            plan.blocks_of_rows(g.contiguous(), channels_last=cl), plan.to_blocks(v, channels_last=cl), weight,
+            plan.blocks_of_rows(g.contiguous(), channels_last=cl), v if ctx.keep_canvas else plan.to_blocks(v, channels_last=cl), weight,
             bias_sizes, stride, [0, 0], dilation, transposed, [0, 0], groups, need,
         )
         gv = plan.rows_of_blocks(gi, v.shape[0]) if need[0] else None

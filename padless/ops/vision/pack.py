@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["align_up", "pack_boxes"]
+import numpy as np
+
+__all__ = ["align_up", "grid_index", "grid_sources", "pack_boxes"]
 
 Pair = tuple[int, int]
 
@@ -84,3 +86,32 @@ def _raise_skyline(sky: list[tuple[int, int, int]], x0: int, w: int, top: int) -
             out.append((x0 + w, x + sw - x0 - w, y))
     out.append((x0, w, top))
     return sorted(out)
+
+
+def grid_index(bases: list[int], sizes: list[Pair], row_stride: int) -> np.ndarray:
+    """``bases[i] + r * row_stride + c`` for every pixel ``(r, c)`` of every ``(h_i, w_i)`` grid, row-major
+    per grid, grids in order: the flat canvas position of each packed row (int64, on the host).
+    One small numpy loop over the images (the canvas plans' index builder)."""
+    out = np.empty(sum(h * w for h, w in sizes), dtype=np.int64)
+    o = 0
+    for b, (h, w) in zip(bases, sizes):
+        n = h * w
+        if n:
+            v = out[o : o + n].reshape(h, w)
+            v[:] = np.arange(w, dtype=np.int64)
+            v += np.arange(b, b + h * row_stride, row_stride, dtype=np.int64)[:, None]
+        o += n
+    return out
+
+
+def grid_sources(bases: list[int], sizes: list[Pair], row_stride: int, total: int, live: list[bool], fill: int = -1) -> np.ndarray:
+    """The inverse of :func:`grid_index` on a canvas of ``total`` positions: the packed row of every
+    position, ``fill`` in the gaps. Grids not ``live`` (no room on the canvas) are skipped."""
+    src = np.full(total + row_stride, fill, dtype=np.int64)  # one spare canvas row: every grid row is a full slice
+    o = 0
+    for b, (h, w), ok in zip(bases, sizes, live):
+        n = h * w
+        if n and ok:
+            src[b : b + h * row_stride].reshape(h, row_stride)[:, :w] = np.arange(o, o + n, dtype=np.int64).reshape(h, w)
+        o += n
+    return src[:total]

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops.vision.batch_dense import batch_dense
 from padless.ops.vision.conv import _on_blocks, _validate
 from padless.ops.vision.spatial import Geometry, _cache_of, images_like, spatial_plan, to_pair, to_padding
 from padless.tensor.autograd import rewrap, values_of
@@ -80,31 +81,36 @@ def max_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, d
 
 
 class _PlanMaxPool(torch.autograd.Function):
-    """rows -> canvas (gaps ``-inf``) -> native max pool -> rows, saving only the packed input.
+    """rows -> canvas (gaps ``-inf``) -> native max pool -> rows.
 
-    Autograd of the native pool would save the canvas and the int64 indices of the output
-    (together about three times the input's bytes; the input rows are already saved by the
-    activation before the pool); here the backward rebuilds the canvas (one gather) and the
-    indices (the pool again). First-order only."""
+    The pool's indices (canvas positions of every output's maximum) are turned into input rows
+    through the plan's inverse and saved; the backward is then one ``scatter_add`` of the output
+    gradient into the input rows (a maximum found in a gap, possible only where a window holds no
+    real value above ``-inf``, sends its gradient to a dropped row).
+    Autograd of the native pool would save the canvas too and rebuild a canvas of gradients.
+    First-order only."""
 
     @staticmethod
     def forward(ctx, v: Tensor, plan, kernel: list, stride: list, dilation: list) -> Tensor:  # type: ignore[override]
-        y = F.max_pool2d(plan.to_blocks(v, float("-inf")), kernel, stride, 0, dilation)
-        ctx.save_for_backward(v)
-        ctx.args = (plan, kernel, stride, dilation)
+        blocks = plan.to_blocks(v, float("-inf"))
+        y, idx = torch.ops.aten.max_pool2d_with_indices(blocks, kernel, stride, [0, 0], dilation, False)
+        pos = plan.from_blocks(idx)  # (T_out, C) positions in each block's plane
+        (n, hb, wb), (_, ho, wo) = plan.blocks, plan.out_blocks
+        if n > 1:  # tiles: the block of every output row
+            pos = pos + torch.div(plan.take, ho * wo, rounding_mode="floor").mul_(hb * wb).unsqueeze(1)
+        rows = plan.row_of_block("in", v.device).index_select(0, pos.view(-1)).view(-1, v.shape[1])
+        if v.shape[0] < 2**31 - 1:
+            rows = rows.to(torch.int32)  # half the saved bytes; widened again in the backward
+        ctx.save_for_backward(rows)  # (T_out, C): the input row of every maximum
+        ctx.in_rows = v.shape[0]
         return plan.from_blocks(y)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, g: Tensor):  # type: ignore[override]
-        (v,) = ctx.saved_tensors
-        plan, kernel, stride, dilation = ctx.args
-        blocks = plan.to_blocks(v, float("-inf"))
-        _, idx = torch.ops.aten.max_pool2d_with_indices(blocks, kernel, stride, [0, 0], dilation, False)
-        gi = torch.ops.aten.max_pool2d_with_indices_backward(
-            plan.blocks_of_rows(g.contiguous()), blocks, kernel, stride, [0, 0], dilation, False, idx
-        )
-        return plan.rows_of_blocks(gi, v.shape[0]), None, None, None, None
+        (rows,) = ctx.saved_tensors
+        gv = g.new_zeros((ctx.in_rows + 1, g.shape[1])).scatter_add_(0, rows.long(), g.contiguous())
+        return gv[: ctx.in_rows], None, None, None, None
 
 
 @implements(F.avg_pool2d, accepts="packed images (C, H_i, W_i)")
@@ -141,6 +147,11 @@ def _adaptive_index(op: str, x: NestedTensor, oh: int, ow: int) -> tuple[Tensor 
     if hit is not None:
         return hit  # type: ignore[return-value]
     hw, off = cache.hw, cache.host_offsets
+    if (oh, ow) == (1, 1):  # global pooling: every pixel pools into its image's one cell
+        n = hw.prod(1)
+        out = (None, torch.repeat_interleave(torch.arange(hw.shape[0]), n).to(dev), n.to(dev))
+        cache.plans[key] = out  # type: ignore[assignment]
+        return out
     rows, cells, counts = [], [], []
     for i, (h, w) in enumerate(hw.tolist()):
         def member(n: int, o: int) -> Tensor:
@@ -195,7 +206,10 @@ def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
         out = v.new_zeros((b * oh * ow, c)).index_add(0, cell, src) / count.to(v.dtype).unsqueeze(1)
     else:
         out = v.new_zeros((b * oh * ow, c)).scatter_reduce(0, cell.unsqueeze(1).expand(-1, c), src, "amax", include_self=False)
-    return out.view(b, oh, ow, c).permute(0, 3, 1, 2)
+    out = out.view(b, oh, ow, c).permute(0, 3, 1, 2)
+    # a map of several cells remembers its batch: F.interpolate(pooled, size=x.shape[2:]) then
+    # brings each image's map to its own size (pyramid pooling; padless.ops.vision.batch_dense)
+    return batch_dense(out) if oh * ow > 1 else out
 
 
 @implements(F.adaptive_avg_pool2d, accepts="packed images (C, H_i, W_i)")
