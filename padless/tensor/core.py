@@ -20,7 +20,7 @@ from torch import Tensor
 from padless.tensor import layout, validate
 from padless.tensor.dynamo import _is_traced, _mark, _TRACED_TYPES, source_fingerprint
 from padless.tensor.errors import StructureError
-from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent
+from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent, writes_first_arg
 from padless.tensor.structure import (
     _EXACT_CARRIERS,
     AUTO_CARRIERS,
@@ -80,6 +80,7 @@ def _needs_grad(args: tuple, kwargs: dict) -> bool:
 # (:func:`padless.tensor.registry.lend`) and core looks it up once, on first use, then keeps
 # it in the module global ``_<name>`` (the dispatch paths read one global, as for an import).
 _guard_broadcast: Callable | None = None  # padless.tensor.autograd.guard_broadcast
+_pointwise_with_grad: Callable | None = None  # padless.tensor.fast_grad.pointwise_with_grad
 _per_sample: Callable | None = None  # padless.tensor.fallback.per_sample
 _per_sample_function: Callable | None = None  # padless.tensor.fallback.per_sample_function
 _unbind_samples: Callable | None = None  # padless.tensor.convert.unbind_samples
@@ -234,6 +235,9 @@ class NestedTensor(Tensor):
             if fast is not None and not torch.compiler.is_compiling():
                 if not _needs_grad(args, kwargs):
                     return fast(func, args, kwargs)
+                out = (_pointwise_with_grad or _borrow("pointwise_with_grad"))(func, args, kwargs)
+                if out is not None:  # one structure: plain autograd on the rows (tensor.fast_grad)
+                    return out
                 args, kwargs = (_guard_broadcast or _borrow("guard_broadcast"))(args, kwargs, func)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
@@ -252,8 +256,14 @@ class NestedTensor(Tensor):
             handler = _generic_aten_handler(func)
         if handler is None:
             per_sample = _per_sample or _borrow("per_sample")
-            return per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
-        return handler(func, *args, **kwargs)
+            out = per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
+        else:
+            out = handler(func, *args, **kwargs)
+        if writes_first_arg(func) and args and isinstance(args[0], NestedTensor):
+            # below autograd an in-place write does not bump ``values``' version; autograd graphs
+            # that saved the packed rows (padless.tensor.fast_grad) must see it
+            torch.autograd.graph.increment_version(args[0]._values)
+        return out
 
     # ------------------------------------------------------------------ structure
     @property

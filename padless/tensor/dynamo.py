@@ -127,9 +127,10 @@ def _mark(nt) -> None:
     two together, so the next batch does not recompile.
     """
     _weak_dynamic(nt, {0, *(r + 1 for r in nt._ragged)})
-    _weak_dynamic(nt._values, {0})
-    _weak_dynamic(nt._offsets, {0})
-    _weak_dynamic(nt._sizes, {0})
+    for t in (nt._values, nt._offsets, nt._sizes):  # shared by every op output: often marked already
+        cur = t.__dict__.get("_dynamo_weak_dynamic_indices")
+        if cur is None or 0 not in cur:
+            _weak_dynamic(t, {0})
 
 
 def _weak_dynamic(t: Tensor, dims: set) -> None:

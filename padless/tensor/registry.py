@@ -138,3 +138,16 @@ def lent(name: str) -> Callable:
 def registered() -> list[HandlerInfo]:
     """Every registered handler, function layer first, sorted by op name."""
     return sorted(_INFO.values(), key=lambda h: (h.layer != "function", op_name(h.op)))
+
+
+_WRITES: dict[Any, bool] = {}
+
+
+def writes_first_arg(func: Any) -> bool:
+    """True for an ATen overload that writes its first argument in place (``add_``, ``copy_``)."""
+    hit = _WRITES.get(func)
+    if hit is None:
+        args = getattr(getattr(func, "_schema", None), "arguments", ())
+        info = args[0].alias_info if args else None
+        hit = _WRITES[func] = bool(info is not None and info.is_write)
+    return hit

@@ -1,0 +1,62 @@
+"""Elementwise ops that need a gradient, run on the packed buffers with plain autograd.
+
+Without a gradient, ``NestedTensor.__torch_function__`` runs an elementwise callable
+straight on ``values`` (:data:`padless.tensor.registry.FAST_POINTWISE`). With one, the call
+used to go down to ATen on the NestedTensor itself, so autograd recorded it there and its
+backward formula dispatched again on NestedTensor gradients (two to four ``__torch_dispatch__``
+round trips per op). When every NestedTensor operand has one structure and every dense
+operand broadcasts over the static tail only, the op is exactly the same op on the packed
+rows: here it runs on ``values`` through the differentiable bridges
+(:func:`padless.tensor.core.values_of` in, :func:`padless.tensor.autograd.rewrap` out), and
+autograd records plain tensor ops. Anything else (structures that broadcast against each
+other, dense operands in padded coordinates, in-place calls) returns ``None`` and takes the
+general path.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from padless.tensor.autograd import rewrap
+from padless.tensor.core import NestedTensor, values_of
+from padless.tensor.registry import lend
+
+_WHERE = {torch.where, torch.Tensor.where}
+
+
+def _same(a: NestedTensor, ref: NestedTensor) -> bool:
+    return a._meta is ref._meta or (a._offsets is ref._offsets and a._sizes is ref._sizes and a._ragged == ref._ragged)
+
+
+@lend("pointwise_with_grad")
+def pointwise_with_grad(func: Any, args: tuple, kwargs: dict) -> NestedTensor | None:
+    """``func`` on the packed rows with autograd, or ``None`` when not eligible (module docstring)."""
+    if "out" in kwargs or kwargs.get("inplace") or any(a is True for a in args[1:]):
+        return None
+    if func in _WHERE and len(args) + len(kwargs) < 3:
+        return None
+    ref = None
+    n_dense_max = -1
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, NestedTensor):
+            if ref is None:
+                ref = a
+            elif not _same(a, ref):
+                return None
+        elif isinstance(a, Tensor):
+            n_dense_max = max(n_dense_max, a.dim())
+        elif isinstance(a, (list, tuple)) and any(isinstance(b, Tensor) for b in a):
+            return None
+    if ref is None or ref._ragged != tuple(range(len(ref._ragged))):
+        return None  # a static dim before a ragged one: values' layout is not the sample's tail
+    if n_dense_max > ref._values.dim() - 1:
+        return None  # a dense operand reaching the ragged dims (padded coordinates, or an error)
+    new_args = [values_of(a) if isinstance(a, NestedTensor) else a for a in args]
+    new_kwargs = {k: values_of(a) if isinstance(a, NestedTensor) else a for k, a in kwargs.items()}
+    out = func(*new_args, **new_kwargs)
+    if not isinstance(out, Tensor) or out.dim() == 0 or out.shape[0] != ref._values.shape[0]:
+        raise RuntimeError(f"padless internal: elementwise {func} changed the row count")
+    return rewrap(out, ref)
