@@ -120,7 +120,7 @@ def nested_from_values(
 ) -> NestedTensor:
     """Build a NestedTensor around ``values``, keeping ``values``' autograd history."""
     if values.requires_grad and torch.is_grad_enabled():
-        return _apply(_NestedView, values, offsets, sizes, ragged, tuple(envelope), meta)
+        return _keep_rows(_apply(_NestedView, values, offsets, sizes, ragged, tuple(envelope), meta), values)
     return NestedTensor(values, offsets, sizes, ragged, envelope, meta)
 
 
@@ -131,8 +131,17 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
     else:
         sizes, meta, env = static_change(values, like)
     if values.requires_grad and torch.is_grad_enabled():
-        return _apply(_NestedView, values, like._offsets, sizes, like._ragged, env, meta)
+        return _keep_rows(_apply(_NestedView, values, like._offsets, sizes, like._ragged, env, meta), values)
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+
+
+def _keep_rows(out: NestedTensor, values: Tensor) -> NestedTensor:
+    """Remember the rows ``out`` was built from, with their history: the next op that reads
+    ``out``'s rows (:func:`padless.tensor.core.values_of`) takes them directly, so a chain of
+    row-wise ops is one plain autograd graph with no NestedTensor gradient in between."""
+    if not torch.compiler.is_compiling():
+        out.__dict__["_grad_rows"] = (values, out._values._version)
+    return out
 
 
 @lend("guard_broadcast")  # NestedTensor.__torch_function__ calls it; core cannot import this module

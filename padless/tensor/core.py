@@ -259,10 +259,8 @@ class NestedTensor(Tensor):
             out = per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
         else:
             out = handler(func, *args, **kwargs)
-        if writes_first_arg(func) and args and isinstance(args[0], NestedTensor):
-            # below autograd an in-place write does not bump ``values``' version; autograd graphs
-            # that saved the packed rows (padless.tensor.fast_grad) must see it
-            torch.autograd.graph.increment_version(args[0]._values)
+        if writes_first_arg(func) and args and isinstance(args[0], NestedTensor):  # graphs that saved the rows see it
+            torch.autograd.graph.increment_version(args[0]._values)  # (below autograd no version bump)
         return out
 
     # ------------------------------------------------------------------ structure
@@ -489,9 +487,8 @@ class NestedTensor(Tensor):
 carry_on(NestedTensor)  # every carried map ``k`` readable as ``nt._k`` (see structure.register_carried)
 
 
-# ---------------------------------------------------------------------------- values bridge
-# NestedTensor -> values, differentiable. Here rather than in padless.tensor.autograd (which
-# re-exports it and holds the other direction) because ``NestedTensor.values()`` calls it.
+# --------------------------------------------------------------------------- values bridge
+# NestedTensor -> values, differentiable; here because ``NestedTensor.values()`` calls it.
 
 
 class _ValuesView(torch.autograd.Function):
@@ -520,6 +517,9 @@ def _apply(fn: type[torch.autograd.Function], *args):
 def values_of(nt: NestedTensor) -> Tensor:
     """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed."""
     if nt.requires_grad and torch.is_grad_enabled():
+        hit = nt.__dict__.get("_grad_rows")  # its rows, unchanged, nobody watching nt's gradient
+        if hit is not None and hit[1] == nt._values._version and not nt.retains_grad and not nt._backward_hooks:
+            return hit[0]  # (tensor.autograd._keep_rows)
         return _apply(_ValuesView, nt)
     return nt._values
 
