@@ -107,9 +107,12 @@ def _rows_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: str, t
     return start.index_select(0, bk) + slot_of.index_select(0, sid) * per_slot.index_select(0, bk) + flat, per_slot
 
 
-CALL_COST = 100_000.0
-"""Fixed price of one more bucket (its dense call, views and autograd nodes), in
-multiply-adds of a small CPU matmul, forward and backward (about 75 us)."""
+CALL_COST = 300_000.0
+"""Fixed price of one more bucket (its dense call, the gathers in and out, views and autograd
+nodes), in multiply-adds of a small CPU matmul, forward and backward. 300k (not the 100k
+the dense call alone costs) keeps small batches on the per-sample loop: the zoo's boltz
+layer (B=4, N 16..48, Cz 16) ran 0.22x padded with 100k and 0.32x with 300k, while the
+benchmark's layer (B=8, N 16..64, Cz 64) keeps its buckets (2.11x vs 2.15x, one thread)."""
 SAMPLE_CALL_COST = 350_000.0
 """Fixed price of one sample in the per-sample loop (its dense call, slicing, packing and
 autograd nodes), in the same units (about 90 us)."""
