@@ -215,3 +215,18 @@ def test_bucketed_softmax_gradients_twice(log):
     x = torch.randn(14, 2, dtype=torch.float64, requires_grad=True)
     torch.autograd.gradcheck(lambda t: ks._BucketedSoftmax.apply(t, plan, log), (x,))
     torch.autograd.gradgradcheck(lambda t: ks._BucketedSoftmax.apply(t, plan, log), (x,))
+
+
+def test_accelerator_price_buckets_large_products_too(monkeypatch):
+    """On an accelerator a call per sample is a launch per sample: with its price
+    (SAMPLE_CALL_COST_DEVICE, used for non-CPU values) even large cubic products take the
+    buckets, so the dense calls do not grow with B; results are the same."""
+    from padless.ops.pairs import bucketed
+
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", bucketed.SAMPLE_CALL_COST_DEVICE)
+    ns = [30, 25, 0, 28]
+    a = leaves([(n, n, 3) for n in ns], seed=42)
+    b = leaves([(n, n, 3) for n in ns], seed=43)
+    check_samples(lambda x, y: torch.einsum("bikc,bjkc->bijc", x, y),
+                  lambda x, y: torch.einsum("ikc,jkc->ijc", x, y), [a, b], atol=1e-5, rtol=1e-4)
+    assert any(p is not None for p in _plans(a[0]))  # the bucketed plan ran

@@ -169,7 +169,7 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
     if runs is not None and g.empty_group_sample < 0:
         if not values.shape[0]:
             return values.clone()
-        if values.numel() <= BUCKET_LIMIT * len(runs):
+        if values.numel() <= BUCKET_LIMIT * len(runs) or values.device.type != "cpu":  # launches: few calls
             return _bucketed_runs(values, runs, g.cache, log)
         fn = torch.log_softmax if log else torch.softmax
         static = values.shape[1:]
@@ -190,7 +190,8 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
 BUCKET_LIMIT = 65_536
 """Mean elements per sample up to which the twin runs in padded buckets (a few calls for
 the batch); larger samples run one softmax each on views of their rows, which moves less
-data than padding them (the per-call price is small next to their work)."""
+data than padding them (the per-call price is small next to their work). On an
+accelerator every size runs in buckets: a call per sample is a kernel launch per sample."""
 SOFTMAX_CALL_COST = 10_000.0
 """Fixed price of one more softmax bucket (its calls and autograd nodes), in padded
 elements (forward and backward: about 40 us on a CPU)."""

@@ -116,6 +116,10 @@ benchmark's layer (B=8, N 16..64, Cz 64) keeps its buckets (2.11x vs 2.15x, one 
 SAMPLE_CALL_COST = 350_000.0
 """Fixed price of one sample in the per-sample loop (its dense call, slicing, packing and
 autograd nodes), in the same units (about 90 us)."""
+SAMPLE_CALL_COST_DEVICE = 10_000_000.0
+"""The same on an accelerator: each sample's call is several kernel launches, and a step
+whose launch count grows with the batch is launch-bound there, so buckets win nearly
+always (on the CPU the per-sample loop stays where it is cheaper)."""
 BUCKET_FACTOR = 1.15
 """Padded work is dearer than the same work per sample: the buffers are gathered and the
 results re-laid out and gathered back (forward and backward)."""
@@ -150,7 +154,8 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _P
     rows = table.tolist()
     padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
                  for ids in groups)
-    per_sample = sum(cost(r) for r in rows) + b * SAMPLE_CALL_COST
+    call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
+    per_sample = sum(cost(r) for r in rows) + b * call
     if BUCKET_FACTOR * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
