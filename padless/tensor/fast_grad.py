@@ -28,7 +28,17 @@ _WHERE = {torch.where, torch.Tensor.where}
 
 
 def _same(a: NestedTensor, ref: NestedTensor) -> bool:
-    return a._meta is ref._meta or (a._offsets is ref._offsets and a._sizes is ref._sizes and a._ragged == ref._ragged)
+    """One set of rows: the same structure, or the same ragged extents with static extents
+    that broadcast on ``values`` as on the samples (``x * x.pow(2).mean(-1, keepdim=True)``)."""
+    if a._meta is ref._meta or (a._sizes is ref._sizes and a._offsets is ref._offsets and a._ragged == ref._ragged):
+        return True
+    if a._offsets is not ref._offsets or a._ragged != ref._ragged or len(a._env) != len(ref._env):
+        return False
+    ha, hr = a._meta.host_sizes, ref._meta.host_sizes
+    if ha is None or hr is None or any(a._env[r] != ref._env[r] for r in ref._ragged):
+        return False
+    rag = list(ref._ragged)
+    return torch.equal(ha[:, rag], hr[:, rag])
 
 
 @lend("pointwise_with_grad")
@@ -50,10 +60,12 @@ def pointwise_with_grad(func: Any, args: tuple, kwargs: dict) -> NestedTensor | 
             n_dense_max = max(n_dense_max, a.dim())
         elif isinstance(a, (list, tuple)) and any(isinstance(b, Tensor) for b in a):
             return None
-    if ref is None or ref._ragged != tuple(range(len(ref._ragged))):
-        return None  # a static dim before a ragged one: values' layout is not the sample's tail
-    if n_dense_max > ref._values.dim() - 1:
-        return None  # a dense operand reaching the ragged dims (padded coordinates, or an error)
+    if ref is None or not ref._ragged:
+        return None
+    # values are (T, *static dims in sample order): a dense operand broadcasts on them as on
+    # the samples when it reaches no further than the static dims after the last ragged one
+    if n_dense_max > len(ref._env) - 1 - max(ref._ragged):
+        return None  # it reaches a ragged dim (padded coordinates, or an error): general path
     new_args = [values_of(a) if isinstance(a, NestedTensor) else a for a in args]
     new_kwargs = {k: values_of(a) if isinstance(a, NestedTensor) else a for k, a in kwargs.items()}
     out = func(*new_args, **new_kwargs)

@@ -84,3 +84,26 @@ def test_saved_output_then_inplace_raises_like_dense(op):
     y.add_(1)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         z.values().sum().backward()
+
+
+def test_rows_with_static_broadcast_rms_norm():
+    """Llama's RMSNorm: ``x * rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)``: two NestedTensors
+    on the same rows whose static extents broadcast (C against 1)."""
+    _grads(lambda x, lin, w: w * (x * torch.rsqrt(lin(x).pow(2).mean(-1, keepdim=True) + 1e-6)))
+
+
+def test_heads_before_the_ragged_dim_rotary():
+    """Llama's rotary on ``(H, L_i, D)`` (heads before the ragged dim): ``q * cos`` with a
+    dense ``(D,)`` operand and ``cat`` of halves; a dense ``(H, D)`` operand would reach the
+    ragged dim and must not broadcast on the values' ``(T, H, D)``."""
+
+    def rot(x, lin, w):
+        q = lin(x).unflatten(-1, (2, 2)).transpose(0, 1) if x.dim() == 2 else lin(x).unflatten(-1, (2, 2)).transpose(1, 2)
+        half = torch.cat((-q[..., 1:], q[..., :1]), dim=-1)
+        return (q * w[:2] + half * w[2:]).transpose(-3, -2).flatten(-2)
+
+    _grads(rot)
+    xs, x = _leaves()
+    q = x.unflatten(-1, (2, 2)).transpose(1, 2)  # (2, L_i, 2)
+    with pytest.raises(padless.StructureError):
+        q * torch.ones(2, 2, dtype=torch.float64)  # (H, D) against (H, L_i, D): L_i is ragged
