@@ -211,7 +211,8 @@ class SpatialPlan:
         key = ("place", device)
         hit = self._divisors.get(key)
         if hit is None:
-            assert self.grids is not None  # canvas plans only (internal)
+            if self.grids is None:
+                raise RuntimeError("padless internal: a canvas index asked of a plan without canvas grids")
             hit = torch.from_numpy(grid_index(self.grids[0], self.in_hw.tolist(), self.grids[1])).to(device)
             self._divisors[key] = hit
         return hit
@@ -251,7 +252,8 @@ class SpatialPlan:
         """The inverse of ``place`` (``"in"``) or ``take`` (``"out"``) on the host, ``fill`` in the gaps:
         one slice per image of the plan's grids."""
         grids = self.grids
-        assert grids is not None  # canvas plans only (internal)
+        if grids is None:
+            raise RuntimeError("padless internal: canvas sources asked of a plan without canvas grids")
         bases, stride = (grids[0], grids[1]) if side == "in" else (grids[2], grids[3])
         return grid_sources(bases, (self.in_hw if side == "in" else self.out_hw).tolist(), stride, total, grids[4], fill)
 
