@@ -15,6 +15,10 @@
    peak memory.
 7. ``benchmarks/vision.py --device cuda``: the ResNet-style classifier train step on packed
    images vs padded vs per-image, with CUDA peak memory (skipped with ``--quick``).
+8. ``benchmarks/pairformer.py --device cuda --dtype bfloat16 --syncs --counts``: a Pairformer
+   layer (boltz's when installed, else the stand-in) under bf16 autocast, padless vs padded
+   per piece, one step under ``set_sync_debug_mode("error")``, aten ops at B=4 and B=16
+   (skipped with ``--quick``). The transformers rows need transformers (``benchmarks/hf.py``).
 
 Prints one summary line per step and exits 0 (a failed step is reported in its
 summary); ``--strict`` exits non-zero when a step failed.
@@ -107,6 +111,9 @@ def main() -> None:
     results.append(step("kernels: bandwidth, syncs, pair block, encoder", kernels_cmd, tail_lines=120))
     if not args.quick:
         results.append(step("vision benchmark (ResNet-style)", [py, "benchmarks/vision.py", "--device", "cuda", "--rounds", "10"]))
+        results.append(step("Pairformer layer (bf16 autocast, zero syncs, ops per step)",
+                            [py, "benchmarks/pairformer.py", "--device", "cuda", "--dtype", "bfloat16", "--clock", "wall",
+                             "--rounds", "10", "--syncs", "--counts"], tail_lines=25))
     failed = sum(not r for r in results)
     print(f"== gpu_check: {len(results) - failed} of {len(results)} steps ok")
     if failed and args.strict:

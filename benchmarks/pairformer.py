@@ -181,6 +181,14 @@ class Batch:
         if dense_masks:  # the padded batch's masks, read by padless in padded coordinates
             self.pmask, self.ppair_mask = self.mask, self.pair_mask
 
+    def to(self, device: str) -> "Batch":
+        """Every tensor on ``device``, leaves again where they were."""
+        for k, t in vars(self).items():
+            if isinstance(t, torch.Tensor):
+                moved = t.detach().to(device)
+                setattr(self, k, moved.requires_grad_() if t.requires_grad else moved)
+        return self
+
     @property
     def occupancy(self) -> float:
         return sum(k * k for k in self.ns) / (len(self.ns) * max(self.ns) ** 2)
@@ -217,10 +225,18 @@ PIECES = {
 }
 
 
+_AUTOCAST: list[str] = []  # the device type to run steps under bf16 autocast (--dtype bfloat16)
+
+
 def _step(layer, fn, batch):
     def run():
         layer.zero_grad(set_to_none=True)
-        fn(layer, batch).backward()
+        if _AUTOCAST:
+            with torch.autocast(_AUTOCAST[0], dtype=torch.bfloat16):
+                loss = fn(layer, batch)
+        else:
+            loss = fn(layer, batch)
+        loss.backward()
     return run
 
 
@@ -284,6 +300,16 @@ def profile(layer: nn.Module, batch: Batch, top: int, piece: str = "layer") -> N
 # ----------------------------------------------------------------------------- main
 
 
+def _device_clock(device: str):
+    """Wall clock that waits for the device's queued work first."""
+
+    def clock() -> float:
+        torch.cuda.synchronize(device)
+        return time.perf_counter()
+
+    return clock
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--batch", type=int, default=8)
@@ -304,18 +330,36 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--counts", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    ap.add_argument("--syncs", action="store_true",
+                    help="(CUDA) run one padless layer step with torch.cuda.set_sync_debug_mode('error')")
     ap.add_argument("--dense-masks", action="store_true",
                     help="give padless the padded batch's dense masks (read in padded coordinates)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.dtype == "bfloat16":  # boltz is written for autocast (it upcasts its attention itself)
+        _AUTOCAST[:] = [torch.device(args.device).type]
     layer, what = build_layer(args)
-    layer.train()
+    layer.to(args.device).train()
     pieces = list(PIECES) if args.pieces == "all" else args.pieces.split(",")
     rng = random.Random(0)
-    batches = [Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, seed, args.dense_masks)
+    batches = [Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, seed, args.dense_masks).to(args.device)
                for seed in range(args.batches)]
+    if args.device != "cpu":
+        clock = _device_clock(args.device)
+    if args.syncs:  # a step that synchronises raises here, naming the op
+        run = _step(layer, PIECES["layer"][1], batches[0])
+        run()
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            run()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        print("padless layer step: zero device syncs (set_sync_debug_mode('error') raised nothing)")
     print(f"{what}; Cs={args.cs} Cz={args.cz} heads={args.heads} pair heads={args.pair_heads}x{args.pair_width} "
           f"dropout={args.dropout}; {args.clock} clock; B={args.batch}, N~U[{args.lo},{args.hi}]; pair occupancy "
           + ", ".join(f"{b.occupancy:.2f}" for b in batches) + f"; threads {torch.get_num_threads()}")

@@ -230,3 +230,22 @@ def test_accelerator_price_buckets_large_products_too(monkeypatch):
     check_samples(lambda x, y: torch.einsum("bikc,bjkc->bijc", x, y),
                   lambda x, y: torch.einsum("ikc,jkc->ijc", x, y), [a, b], atol=1e-5, rtol=1e-4)
     assert any(p is not None for p in _plans(a[0]))  # the bucketed plan ran
+
+
+def test_under_autocast_bf16():
+    """Under autocast the bucketed contraction runs in bf16 and the bucketed softmax in float32
+    (as torch's policy does for the dense ops), forward and backward, per sample against the
+    dense ops under the same autocast."""
+    ns = [3, 5, 0, 2]
+    q = leaves([(n, 2, 4) for n in ns], seed=50)
+    k = leaves([(n, 2, 4) for n in ns], seed=51)
+
+    def f(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.einsum("bihd,bjhd->bhij", a, b).softmax(-1).float()
+
+    def ref(a, b):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return torch.einsum("ihd,jhd->hij", a, b).softmax(-1).float()
+
+    check_samples(f, ref, [q, k], atol=2e-2, rtol=2e-2)

@@ -226,6 +226,10 @@ def _bucketed_runs(values: Tensor, runs: list[tuple[int, int, int]], cache: dict
     key = ("bucketed_runs", values.device, tuple(values.shape[1:]))
     if key not in cache:
         cache[key] = _runs_plan(runs, values.shape[0], tuple(values.shape[1:]), values.device)
+    dev = values.device.type
+    if torch.is_autocast_enabled(dev):  # autocast runs softmax in float32; its backward then sees one dtype
+        with torch.autocast(dev, enabled=False):
+            return _BucketedSoftmax.apply(values.float(), cache[key], log)
     return _BucketedSoftmax.apply(values, cache[key], log)
 
 

@@ -265,7 +265,15 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
         return None
     vals = [values_of(o) for o in operands]
     if plan.grad_equations is not None:  # one autograd node for the whole contraction
-        packed = _Contract.apply(plan, *vals)
+        dev = vals[0].device.type
+        if torch.is_autocast_enabled(dev) and vals[0].dtype == torch.float32:
+            # autocast: the contraction in its low-precision dtype, cast outside the node (its
+            # backward then sees one dtype), as torch.amp.custom_fwd(cast_inputs=...) does
+            low = torch.get_autocast_dtype(dev)
+            with torch.autocast(dev, enabled=False):
+                packed = _Contract.apply(plan, *[v.to(low) for v in vals])
+        else:
+            packed = _Contract.apply(plan, *vals)
     else:
         bufs = [gather_rows(v, to_buf, to_rows) for v, (to_buf, to_rows) in zip(vals, plan.pads)]
         packed = gather_rows(_buckets(plan, bufs), plan.packs[1], plan.packs[0])
