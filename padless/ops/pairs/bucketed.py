@@ -40,6 +40,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
+from padless.ops.common.amp import autocast_inputs
 from padless.ops.kernels.layout import RowMap, gather_rows, padding_maps, read_rows, size_buckets
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
@@ -265,14 +266,7 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
         return None
     vals = [values_of(o) for o in operands]
     if plan.grad_equations is not None:  # one autograd node for the whole contraction
-        dev = vals[0].device.type
-        if torch.is_autocast_enabled(dev) and vals[0].dtype == torch.float32:
-            # autocast: the contraction in its low-precision dtype, cast outside the node (its
-            # backward then sees one dtype), as torch.amp.custom_fwd(cast_inputs=...) does
-            low = torch.get_autocast_dtype(dev)
-            with torch.autocast(dev, enabled=False):
-                packed = _Contract.apply(plan, *[v.to(low) for v in vals])
-        else:
+        with autocast_inputs(*vals) as vals:  # under autocast: its dtype, one dtype in backward
             packed = _Contract.apply(plan, *vals)
     else:
         bufs = [gather_rows(v, to_buf, to_rows) for v, (to_buf, to_rows) in zip(vals, plan.pads)]

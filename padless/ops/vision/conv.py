@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops.common.amp import autocast_inputs
 from padless.ops.vision.spatial import (
     BlocksToRows,
     RowsToBlocks,
@@ -133,7 +134,8 @@ def _plan_conv(plan: SpatialPlan, x: NestedTensor, weight: Tensor, bias: Tensor 
     v = values_of(x)
     if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
         return images_like(v.new_zeros((0, out_channels)), out_channels, plan.cache, x)  # type: ignore[arg-type]
-    out = _PlanConv.apply(v, weight, bias, plan, list(stride), list(dilation), groups, transposed)
+    with autocast_inputs(v, weight, bias) as (v, weight, bias):  # bf16 convolutions under autocast
+        out = _PlanConv.apply(v, weight, bias, plan, list(stride), list(dilation), groups, transposed)
     return images_like(out, out_channels, plan.cache, x)  # type: ignore[arg-type]
 
 
