@@ -169,6 +169,21 @@ def test_narrow_of_the_ragged_dim_one_graph():
     assert_close_samples(f(x, im)[1], [s[:, 1:2].cos() for s in im.unbind()])
 
 
+def test_flat_rows_loss_one_graph():
+    """``F.cross_entropy(logits.reshape(-1, V), labels)``: the flat rows (plain dense inside a
+    compiled graph) and a loss on them, one graph, equal to eager."""
+    import torch.nn.functional as F
+
+    def f(x, lab):
+        return F.cross_entropy(x.reshape(-1, 4), lab)
+
+    def make(g, b):
+        x = _leaf(_seq(g, b))
+        return x, torch.randint(0, 4, (int(x.sizes()[:, 0].sum()),), generator=g)
+
+    _check(f, make)
+
+
 def test_fixed_windows_of_ragged_dims_one_graph():
     """``x[:, 0:2]`` and boltz's dropout-mask window ``z[:, :, 0:1]`` inside torch.compile: a
     leading window is narrow's (every sample long enough; see the next test for a short one)."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
+import torch
 from torch import Tensor
 
 from padless.ops.common import padded
@@ -52,7 +53,9 @@ def flatten_rows(nt: NestedTensor, target: Sequence[int], op: str) -> Tensor | N
         return None
     vals = values_of(nt)
     flat = vals.view(-1, *target[1:]) if op == "view" else vals.reshape(-1, *target[1:])
-    return packed_rows(flat, nt) if flat.shape[0] == vals.shape[0] else flat
+    if flat.shape[0] != vals.shape[0] or torch.compiler.is_compiling():
+        return flat  # compiled: the plain dense rows (a subclass cannot be made inside a trace)
+    return packed_rows(flat, nt)
 
 
 @lend("unbind_static")

@@ -62,6 +62,8 @@ def split_ragged(nt: NestedTensor, p: int, parts: Sequence[Any], op: str) -> Nes
 
 def _split_plan(nt: NestedTensor, rest: list[Any]) -> list[tuple[int, list[Any]]] | None:
     """Which ragged dims ``rest`` (the target after the batch dim) splits, and into what."""
+    if not any(isinstance(e, Extent) for e in rest):
+        return None  # only sizes read from a shape split a ragged dim
     hs = None
     plan: list[tuple[int, list[Any]]] = []
     t = 0
@@ -112,7 +114,9 @@ def _merge_span(nt: NestedTensor, rest: list[Any]) -> tuple[int, int] | None:
 def reshape_ragged(nt: NestedTensor, target: list[Any], op: str) -> NestedTensor | None:
     """``reshape``/``view`` that merges adjacent ragged dims or splits one by per-sample sizes
     (module docstring); None when ``target`` asks for neither."""
-    if not target or target[0] not in (-1, nt.batch_size) or any(isinstance(e, torch.SymInt) for e in target):
+    if torch.compiler.is_compiling() or not target or target[0] not in (-1, nt.batch_size):
+        return None  # compiled: shapes are symbolic and host sizes cannot be read
+    if any(isinstance(e, torch.SymInt) for e in target):
         return None
     rest = list(target[1:])
     span = _merge_span(nt, rest)
