@@ -53,6 +53,7 @@ except AttributeError:  # pragma: no cover - torch < 2.4
     pass
 
 __all__ = [
+    "Extent",
     "NestedTensor",
     "StructureMeta",
     "StructureError",

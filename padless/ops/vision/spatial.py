@@ -106,7 +106,7 @@ class Geometry:
     def out_size(self, n: int, ax: int) -> int:
         """Output extent of an input extent ``n`` along axis ``ax`` (``<= 0``: too small), host ints:
         the same rule as :meth:`out_hw`."""
-        k, s, e = self.kernel[ax], self.stride[ax], self.extent[ax]
+        s, e = self.stride[ax], self.extent[ax]
         p0, p1 = self.padding[2 * ax], self.padding[2 * ax + 1]
         if self.transposed:
             return (n - 1) * s - p0 - p1 + e + self.output_padding[ax]
@@ -121,7 +121,7 @@ class Geometry:
         cols = []
         for ax in range(2):
             n = hw[:, ax]
-            k, s, e = self.kernel[ax], self.stride[ax], self.extent[ax]
+            s, e = self.stride[ax], self.extent[ax]
             p0, p1 = self.padding[2 * ax], self.padding[2 * ax + 1]
             if self.transposed:
                 cols.append((n - 1) * s - p0 - p1 + e + self.output_padding[ax])
@@ -432,7 +432,7 @@ def _coords_of(key: bytes, b: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
 def _canvas(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
     h, w = hw[:, 0].tolist(), hw[:, 1].tolist()
     oh, ow = ohw[:, 0].tolist(), ohw[:, 1].tolist()
-    (kh, kw), (sh, sw), (eh, ew) = g.kernel, g.stride, g.extent
+    (sh, sw), (eh, ew) = g.stride, g.extent
     pt, pb, pl, pr = g.padding
     boxes = []
     for i in range(len(h)):
