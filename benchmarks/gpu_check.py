@@ -18,7 +18,12 @@
 8. ``benchmarks/pairformer.py --device cuda --dtype bfloat16 --syncs --counts``: a Pairformer
    layer (boltz's when installed, else the stand-in) under bf16 autocast, padless vs padded
    per piece, one step under ``set_sync_debug_mode("error")``, aten ops at B=4 and B=16
-   (skipped with ``--quick``). The transformers rows need transformers (``benchmarks/hf.py``).
+   (skipped with ``--quick``).
+9. ``benchmarks/hf.py --device cuda --dtype bfloat16 --syncs``: tiny BERT and Llama train steps,
+   padded vs ``inputs_embeds=nt`` vs the FlatteningCollator, with the ``sdpa`` and ``padless``
+   attention implementations, against the FLOP ideal, after one step of every padless path
+   under ``set_sync_debug_mode("error")`` (needs ``transformers``; skipped without it and
+   with ``--quick``).
 
 Prints one summary line per step and exits 0 (a failed step is reported in its
 summary); ``--strict`` exits non-zero when a step failed.
@@ -114,6 +119,14 @@ def main() -> None:
         results.append(step("Pairformer layer (bf16 autocast, zero syncs, ops per step)",
                             [py, "benchmarks/pairformer.py", "--device", "cuda", "--dtype", "bfloat16", "--clock", "wall",
                              "--rounds", "10", "--syncs", "--counts"], tail_lines=25))
+        try:
+            import transformers  # noqa: F401
+        except ImportError:
+            print("== transformers rows: skipped (pip install transformers to run benchmarks/hf.py on the GPU)")
+        else:
+            results.append(step("transformers (bf16 autocast, zero syncs, FLOP ideal)",
+                                [py, "benchmarks/hf.py", "--device", "cuda", "--dtype", "bfloat16", "--syncs",
+                                 "--rounds", "10"], tail_lines=25))
     failed = sum(not r for r in results)
     print(f"== gpu_check: {len(results) - failed} of {len(results)} steps ok")
     if failed and args.strict:
