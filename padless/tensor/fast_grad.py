@@ -8,9 +8,12 @@ round trips per op). When every NestedTensor operand has one structure and every
 operand broadcasts over the static tail only, the op is exactly the same op on the packed
 rows: here it runs on ``values`` through the differentiable bridges
 (:func:`padless.tensor.core.values_of` in, :func:`padless.tensor.autograd.rewrap` out), and
-autograd records plain tensor ops. Anything else (structures that broadcast against each
-other, dense operands in padded coordinates, in-place calls) returns ``None`` and takes the
-general path.
+autograd records plain tensor ops. A dense operand that reaches a ragged dim (a rotary
+``cos``/``sin`` table, a position embedding built from the envelope) is first read onto the
+rows by the op layer's padded-coordinate rule (lent as ``padded_rows``: one cached gather,
+``(T, *its static extents)``), so ``q * cos + rotate_half(q) * sin`` on ``(H, L_i, D)``
+queries is plain autograd on the rows too. Anything else (structures that broadcast against
+each other, in-place calls) returns ``None`` and takes the general path.
 """
 
 from __future__ import annotations
@@ -22,9 +25,10 @@ from torch import Tensor
 
 from padless.tensor.autograd import rewrap
 from padless.tensor.core import NestedTensor, values_of
-from padless.tensor.registry import lend
+from padless.tensor.registry import lend, lent
 
 _WHERE = {torch.where, torch.Tensor.where}
+_padded_rows = None  # padless.ops.common.padded.padded_rows, borrowed on first use
 
 
 def _same(a: NestedTensor, ref: NestedTensor) -> bool:
@@ -64,10 +68,27 @@ def pointwise_with_grad(func: Any, args: tuple, kwargs: dict) -> NestedTensor | 
         return None
     # values are (T, *static dims in sample order): a dense operand broadcasts on them as on
     # the samples when it reaches no further than the static dims after the last ragged one
-    if n_dense_max > len(ref._env) - 1 - max(ref._ragged):
-        return None  # it reaches a ragged dim (padded coordinates, or an error): general path
-    new_args = [values_of(a) if isinstance(a, NestedTensor) else a for a in args]
-    new_kwargs = {k: values_of(a) if isinstance(a, NestedTensor) else a for k, a in kwargs.items()}
+    tail = len(ref._env) - 1 - max(ref._ragged)
+    reads: dict[int, Tensor] = {}
+    if n_dense_max > tail:  # it reaches a ragged dim: read it onto the rows (padded coordinates)
+        global _padded_rows
+        read = _padded_rows or lent("padded_rows")
+        _padded_rows = read
+        name = getattr(func, "__name__", "op").strip("_")
+        for a in (*args, *kwargs.values()):
+            if isinstance(a, Tensor) and not isinstance(a, NestedTensor) and a.dim() > tail and id(a) not in reads:
+                rows = read(name, a, ref)
+                if rows is None:
+                    return None  # not a padded-coordinate operand: the general path decides
+                reads[id(a)] = rows
+
+    def conv(a):
+        if isinstance(a, NestedTensor):
+            return values_of(a)
+        return reads.get(id(a), a) if reads and isinstance(a, Tensor) else a
+
+    new_args = [conv(a) for a in args]
+    new_kwargs = {k: conv(a) for k, a in kwargs.items()}
     out = func(*new_args, **new_kwargs)
     if not isinstance(out, Tensor) or out.dim() == 0 or out.shape[0] != ref._values.shape[0]:
         raise RuntimeError(f"padless internal: elementwise {func} changed the row count")

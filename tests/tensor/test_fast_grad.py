@@ -107,3 +107,76 @@ def test_heads_before_the_ragged_dim_rotary():
     q = x.unflatten(-1, (2, 2)).transpose(1, 2)  # (2, L_i, 2)
     with pytest.raises(padless.StructureError):
         q * torch.ones(2, 2, dtype=torch.float64)  # (H, D) against (H, L_i, D): L_i is ragged
+
+
+def _heads(seed=0):
+    """(2, L_i, 2) queries (heads before the ragged dim) as leaves, and their samples."""
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(2, n, 2, generator=g, dtype=torch.float64) for n in LENGTHS]
+    return xs, padless.from_list([x.clone() for x in xs], ragged_dims=(1,)).requires_grad_()
+
+
+@pytest.mark.parametrize("table_grad", [False, True])
+def test_rotary_table_in_padded_coordinates_runs_on_the_rows(table_grad):
+    """Llama's rotary with ``inputs_embeds=nt``: ``cos``/``sin`` are ``(1, 1, L_max, D)`` tables
+    built from the envelope (padded coordinates, shared by the batch). They are read onto the
+    rows (one cached gather) and the op is plain autograd on the rows: no NestedTensor-level
+    backward node, values and gradients equal to each sample's dense computation."""
+    xs, q = _heads()
+    lmax = max(LENGTHS)
+    g = torch.Generator().manual_seed(3)
+    cos = torch.randn(1, 1, lmax, 2, generator=g, dtype=torch.float64).requires_grad_(table_grad)
+    sin = torch.randn(1, 1, lmax, 2, generator=g, dtype=torch.float64).requires_grad_(table_grad)
+
+    def rot(t, c, s):
+        half = torch.cat((-t[..., 1:], t[..., :1]), dim=-1)
+        return t * c + half * s
+
+    out = rot(q, cos, sin)
+    assert isinstance(out, padless.NestedTensor)
+    assert type((q * cos).grad_fn).__name__ != "MulBackward0"  # the rows' autograd, not ATen on NestedTensors
+    out.values().pow(2).sum().backward()
+    leaves = [a.clone().requires_grad_() for a in xs]
+    cos2 = cos.detach().clone().requires_grad_(table_grad)
+    sin2 = sin.detach().clone().requires_grad_(table_grad)
+    refs = [rot(a[None], cos2[:, :, : a.shape[1]], sin2[:, :, : a.shape[1]])[0] for a in leaves]
+    sum(r.pow(2).sum() for r in refs).backward()
+    for got, want in zip(out.unbind(), refs):
+        torch.testing.assert_close(got, want.detach())
+    for got, a in zip(q.grad.unbind(), leaves):
+        torch.testing.assert_close(got, a.grad)
+    if table_grad:
+        torch.testing.assert_close(cos.grad, cos2.grad)
+        torch.testing.assert_close(sin.grad, sin2.grad)
+
+
+def test_per_sample_position_table_and_static_broadcast_on_the_rows():
+    """BERT-style ``inputs_embeds + position_embeddings`` with a ``(B, L_max, C)`` dense table
+    (per sample) and a ``(1, 2, 1, 1)`` per-head scale (extent 1 on the ragged dim, shared):
+    both ride the rows' autograd, gradients equal to the dense computation on each sample."""
+    xs, q = _heads(1)
+    lmax = max(LENGTHS)
+    g = torch.Generator().manual_seed(4)
+    table = torch.randn(len(LENGTHS), 1, lmax, 2, generator=g, dtype=torch.float64, requires_grad=True)
+    scale = torch.randn(1, 2, 1, 1, generator=g, dtype=torch.float64, requires_grad=True)
+    out = (q + table) * scale
+    assert type(out.grad_fn).__name__ != "MulBackward0"
+    out.values().pow(2).sum().backward()
+    table2, scale2 = table.detach().clone().requires_grad_(), scale.detach().clone().requires_grad_()
+    leaves = [a.clone().requires_grad_() for a in xs]
+    refs = [((a + table2[i, :, : a.shape[1]]) * scale2[0]) for i, a in enumerate(leaves)]
+    sum(r.pow(2).sum() for r in refs).backward()
+    for got, want in zip(out.unbind(), refs):
+        torch.testing.assert_close(got, want.detach())
+    for got, a in zip(q.grad.unbind(), leaves):
+        torch.testing.assert_close(got, a.grad)
+    torch.testing.assert_close(table.grad, table2.grad)  # zeros at padded positions
+    torch.testing.assert_close(scale.grad, scale2.grad)
+
+
+def test_padded_table_refused_in_strict_mode_and_wrong_extent_named():
+    _, q = _heads()
+    with padless.strict_padded_reads(), pytest.raises(padless.StructureError, match="strict padded reads"):
+        q * torch.ones(1, 1, max(LENGTHS), 2, dtype=torch.float64)
+    with pytest.raises(padless.StructureError, match="spans ragged dim 2"):
+        q * torch.ones(1, 1, max(LENGTHS) + 1, 2, dtype=torch.float64)

@@ -210,6 +210,26 @@ def layout_trailing_static(ref: NestedTensor) -> int:
     return ref.sample_dim - 1 - max(ref._ragged) if ref._ragged else ref.sample_dim
 
 
+@lend("padded_rows")
+def padded_rows(opname: object, d: Tensor, ref: NestedTensor) -> Tensor | None:
+    """A dense operand that reaches a ragged dim of ``ref``, as rows that broadcast against
+    ``ref.values`` exactly as ``d`` does against the samples: read in padded coordinates
+    (:func:`read_rows`, ``(T, *d's static extents)``), or, with extent 1 on every ragged dim
+    and on the batch dim, a view of its static extents. None for operands of higher rank than
+    ``ref`` or per-sample ones of extent 1 on the ragged dims (the general path takes them).
+    Wrong extents raise the usual error. For :mod:`padless.tensor.fast_grad`."""
+    nd = ref.dim()
+    if d.dim() > nd:
+        return None
+    aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
+    if padded_extents(opname, aligned, ref, d.shape):
+        return read_rows(opname, d, ref, aligned)
+    if aligned[0] != 1:
+        return None
+    static = layout.static_dims(ref.sample_dim, ref._ragged)
+    return d.reshape(aligned[1:]).permute(*ref._ragged, *static).reshape(1, *[aligned[1 + s] for s in static])
+
+
 @lend("padded_operands")
 def padded_operands(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
     """Torch-level, with autograd on: dense operands that require grad and are read in padded
