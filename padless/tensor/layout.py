@@ -11,6 +11,7 @@ code builds host metadata in eager mode and traces under ``torch.compile``.
 
 from __future__ import annotations
 
+import collections
 from typing import Sequence
 
 import torch
@@ -66,10 +67,52 @@ def row_sample_ids(offsets: Tensor, total: int | torch.SymInt) -> Tensor:
     )
 
 
+# Row coordinates of host metadata, by content: every structure derived from a batch (a linear
+# or a transpose of it, the attention scores of each layer, their gradients) has its own
+# metadata objects but the same ragged extents, and its broadcast plans, reductions and padded
+# reads all start from these coordinates. Keyed by the ragged extents themselves (a few bytes),
+# so a new structure with the same rows costs a lookup instead of a division and a remainder
+# per ragged dim over every row. Results are shared: callers never write them in place.
+_COORDS: collections.OrderedDict = collections.OrderedDict()
+COORDS_CACHE_ELEMENTS = 1 << 24  # host int64 elements held, all entries together (128 MiB)
+_coords_elements = [0]
+
+
+def _coords_key(sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total) -> tuple | None:
+    if (type(sizes) is not Tensor or type(offsets) is not Tensor or sizes.device.type != "cpu"
+            or offsets.device.type != "cpu" or not isinstance(total, int) or not ragged):
+        return None  # traced, on a device (reading it would sync), or nothing to cache
+    ext = sizes[:, list(ragged)]
+    return (ext.numpy().tobytes(), tuple(ext.shape), str(ext.dtype), offsets.numpy().tobytes(), total)
+
+
 def row_coords(
     sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total: int | torch.SymInt
 ) -> tuple[Tensor, list[Tensor]]:
-    """Per row: its sample id and its coordinate along each ragged dim (storage order)."""
+    """Per row: its sample id and its coordinate along each ragged dim (storage order).
+
+    For host metadata the result is cached by content (the last few distinct batches' rows)
+    and shared between callers, who must not write it in place."""
+    key = _coords_key(sizes, offsets, ragged, total)
+    if key is not None:
+        hit = _COORDS.get(key)
+        if hit is not None:
+            _COORDS.move_to_end(key)
+            return hit[0], list(hit[1])
+    sid, coords = _row_coords(sizes, offsets, ragged, total)
+    n = sid.numel() * (1 + len(coords))
+    if key is not None and n <= COORDS_CACHE_ELEMENTS // 4:
+        _COORDS[key] = (sid, tuple(coords))
+        _coords_elements[0] += n
+        while _coords_elements[0] > COORDS_CACHE_ELEMENTS:
+            _, (s0, c0) = _COORDS.popitem(last=False)
+            _coords_elements[0] -= s0.numel() * (1 + len(c0))
+    return sid, coords
+
+
+def _row_coords(
+    sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total: int | torch.SymInt
+) -> tuple[Tensor, list[Tensor]]:
     sid = row_sample_ids(offsets, total)
     local = torch.arange(total, device=offsets.device) - offsets[:-1].index_select(0, sid)
     coords: list[Tensor] = []
