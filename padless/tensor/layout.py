@@ -110,9 +110,31 @@ def row_coords(
     return sid, coords
 
 
+# Host metadata with many rows per sample (pair states, triangle scores, images) builds its maps
+# sample by sample: each coordinate is an ``arange`` broadcast over the sample's grid (one copy
+# per row) instead of a division and a remainder per ragged dim over every row (about a third
+# of the passes, and no integer division). Below this many rows per sample the per-sample
+# calls cost more than they save.
+PER_SAMPLE_ROWS = 2048
+
+
+def _host(*ts: Tensor) -> bool:
+    return all(type(t) is Tensor and t.device.type == "cpu" for t in ts)
+
+
+def _per_sample_grids(sizes: Tensor, ragged: Sequence[int], total) -> list[list[int]] | None:
+    """Every sample's extents along ``ragged`` (storage order) when the per-sample build pays."""
+    if not ragged or not isinstance(total, int) or total < PER_SAMPLE_ROWS * max(1, sizes.shape[0]):
+        return None
+    return sizes[:, list(ragged)].tolist()
+
+
 def _row_coords(
     sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total: int | torch.SymInt
 ) -> tuple[Tensor, list[Tensor]]:
+    grids = _per_sample_grids(sizes, ragged, total) if _host(sizes, offsets) else None
+    if grids is not None:
+        return _row_coords_per_sample(offsets, grids, total)
     sid = row_sample_ids(offsets, total)
     local = torch.arange(total, device=offsets.device) - offsets[:-1].index_select(0, sid)
     coords: list[Tensor] = []
@@ -122,6 +144,62 @@ def _row_coords(
         local = torch.div(local, n.clamp_min(1), rounding_mode="floor")
     coords.reverse()
     return sid, coords
+
+
+def _row_coords_per_sample(offsets: Tensor, grids: list[list[int]], total: int) -> tuple[Tensor, list[Tensor]]:
+    """:func:`_row_coords` on host metadata, sample by sample (see :data:`PER_SAMPLE_ROWS`)."""
+    k = len(grids[0])
+    sid = row_sample_ids(offsets, total)
+    coords = []
+    for j in range(k):
+        parts = []
+        for ext in grids:
+            if 0 in ext:
+                continue
+            shape = [1] * k
+            shape[j] = ext[j]
+            parts.append(torch.arange(ext[j]).view(shape).expand(ext).reshape(-1))
+        coords.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64))
+    return sid, coords
+
+
+def broadcast_rows(
+    out_sizes: Tensor,
+    out_offsets: Tensor,
+    out_ragged: Sequence[int],
+    src_sizes: Tensor,
+    src_offsets: Tensor,
+    src_ragged: Sequence[int],
+    total: int,
+) -> Tensor:
+    """For every row of the layout ``(out_sizes, out_offsets, out_ragged)``, the row of the
+    source layout holding its element (a source extent of 1 broadcasts: coordinate 0).
+
+    The same as :func:`source_rows` on :func:`row_coords` of the output; host metadata with
+    many rows per sample is built sample by sample (an offset plus one broadcast ``arange``
+    term per source ragged dim)."""
+    grids = _per_sample_grids(out_sizes, out_ragged, total) if _host(out_sizes, out_offsets, src_sizes, src_offsets) else None
+    if grids is None:
+        sid, coords = row_coords(out_sizes, out_offsets, out_ragged, total)
+        return source_rows(sid, dict(zip(out_ragged, coords)), src_sizes, src_offsets, src_ragged)
+    pos = {d: j for j, d in enumerate(out_ragged)}
+    k = len(out_ragged)
+    src_ext = src_sizes[:, list(src_ragged)].tolist()
+    starts = src_offsets[:-1].tolist()
+    parts = []
+    for i, ext in enumerate(grids):
+        if 0 in ext:
+            continue
+        acc = torch.full([1] * k, starts[i], dtype=torch.int64)
+        stride = 1
+        for d, e in zip(reversed(tuple(src_ragged)), reversed(src_ext[i])):
+            j = pos[d]
+            shape = [1] * k
+            shape[j] = ext[j]
+            acc = acc + (torch.arange(ext[j]).clamp_(max=max(e - 1, 0)) * stride).view(shape)
+            stride *= e
+        parts.append(acc.expand(ext).reshape(-1))
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
 
 
 def padded_row_index(
@@ -187,5 +265,4 @@ def relayout_rows(
     Returns ``(dst_offsets, index)`` with ``dst_values = src_values[index]``.
     """
     dst_offsets = offsets  # same samples, same row counts
-    sid, coords = row_coords(sizes, dst_offsets, dst_ragged, total)
-    return dst_offsets, source_rows(sid, dict(zip(dst_ragged, coords)), sizes, offsets, src_ragged)
+    return dst_offsets, broadcast_rows(sizes, dst_offsets, dst_ragged, sizes, offsets, src_ragged, total)

@@ -24,6 +24,7 @@ from typing import Callable, Sequence
 import torch
 from torch import Tensor
 
+from padless.ops.common import content
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced
 from padless.tensor.errors import StructureError
@@ -89,10 +90,18 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
                 f"{opname}(): ragged structures differ: sample ranks differ: {ndim} vs {n.sample_dim} "
                 "(unsqueeze explicitly: NestedTensors broadcast sample dim by sample dim)"
             )
+    ckey = None
     if any(_is_traced(n._values) for n in nts) or any(n._meta.host_sizes is None for n in nts):
         hs = [n.host_sizes() for n in nts]  # under tracing this reads device data; documented limit
     else:
         hs = [n._meta.host_sizes for n in nts]
+        # the same rows met before (another layer's scores, a gradient): the plan by content
+        ckey = ("broadcast", dev, ref._values.dtype, tuple(n._env for n in nts)) + tuple(content.structure_key(n) for n in nts)
+        shared = content.get(ckey)
+        if shared is not None:
+            p = Plan(shared.template, shared.rows, shared.squeeze, keepalive=tuple(n._meta for n in nts[1:]))
+            _remember(ref._meta, key, p)
+            return p
     out_ragged = tuple(sorted({r for n in nts for r in n._ragged}))
     for d in out_ragged:
         for j, n in enumerate(nts):
@@ -112,8 +121,6 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
             raise _fail(opname, hs, int(bad.nonzero()[0, 0]))
     out_offsets = layout.offsets_from_counts(layout.row_counts(out_sizes, out_ragged))
     total = int(out_offsets[-1])
-    sid, coords = layout.row_coords(out_sizes, out_offsets, out_ragged, total)
-    coord = dict(zip(out_ragged, coords))
     rows: list[Tensor | None] = []
     squeeze: list[tuple[int, ...]] = []
     for n, h in zip(nts, hs):
@@ -123,7 +130,7 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
         if same:
             rows.append(None)
             continue
-        idx = layout.source_rows(sid, coord, h, n.host_offsets(), n._ragged)
+        idx = layout.broadcast_rows(out_sizes, out_offsets, out_ragged, h, n.host_offsets(), n._ragged, total)
         rows.append(idx.to(dev, non_blocking=True))
     env = [int(out_sizes[:, d].max()) if b else 0 for d in range(ndim)]
     for d in range(ndim):
@@ -137,6 +144,8 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     template = NestedTensor(placeholder, offsets_dev, sizes_dev, out_ragged, env, meta)
     p = Plan(template, rows, squeeze, keepalive=tuple(n._meta for n in nts[1:]))
     _remember(ref._meta, key, p)
+    if ckey is not None:
+        content.put(ckey, Plan(template, rows, squeeze))  # no partners kept alive from here
     return p
 
 

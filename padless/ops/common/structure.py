@@ -10,12 +10,12 @@ them, device tensors otherwise), so it works eagerly and under ``torch.compile``
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor
 
+from padless.ops.common import content
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values
 from padless.tensor.core import ROW_LEVEL_KEYS, NestedTensor, StructureMeta, _is_traced
@@ -137,7 +137,7 @@ def derived_tensor(nt: NestedTensor, key, compute):
     Returns whatever ``compute`` returns, with tensors moved to the values' device.
 
     Eagerly the result is also cached by content (``key``, device, ragged storage order and
-    the host sizes and offsets; :data:`CONTENT_CACHE_ELEMENTS`): the structures of one batch
+    the host sizes and offsets; :mod:`padless.ops.common.content`): the structures of one batch
     are many objects (every linear, transpose or product makes one; the scores of each
     attention layer and their gradients too) with the same rows, and each would otherwise
     rebuild the same index maps. ``compute`` may therefore read nothing but its arguments,
@@ -151,43 +151,14 @@ def derived_tensor(nt: NestedTensor, key, compute):
         return hit
     traced = _is_traced(nt._values)
     if m.host_sizes is not None and not traced:
-        hs, ho = m.host_sizes, nt.host_offsets()
-        ckey = (key, dev, nt._ragged, hs.numpy().tobytes(), tuple(hs.shape), str(hs.dtype), ho.numpy().tobytes())
-        out = _CONTENT.get(ckey)
+        ckey = (key, dev, content.structure_key(nt))
+        out = content.get(ckey)
         if out is None:
-            out = _to_device(compute(hs, ho), dev)
-            _remember(ckey, out)
-        else:
-            _CONTENT.move_to_end(ckey)
+            out = _to_device(compute(m.host_sizes, nt.host_offsets()), dev)
+            content.put(ckey, out)
         m.derived[full_key] = out
         return out
     return compute(nt._sizes, nt._offsets)
-
-
-# Content-keyed derived metadata (see derived_tensor), least recently used first, bounded by
-# the elements of the tensors it holds (index maps: int64 or int32 per row).
-_CONTENT: collections.OrderedDict = collections.OrderedDict()
-CONTENT_CACHE_ELEMENTS = 1 << 24
-_content_elements = [0]
-
-
-def _numel(obj) -> int:
-    if isinstance(obj, Tensor):
-        return obj.numel()
-    if isinstance(obj, (tuple, list)):
-        return sum(_numel(o) for o in obj)
-    return 0
-
-
-def _remember(ckey: tuple, out) -> None:
-    n = _numel(out)
-    if n > CONTENT_CACHE_ELEMENTS // 4:
-        return  # one huge map would push out everything else; it stays on its structure only
-    _CONTENT[ckey] = out
-    _content_elements[0] += n
-    while _content_elements[0] > CONTENT_CACHE_ELEMENTS and _CONTENT:
-        _, old = _CONTENT.popitem(last=False)
-        _content_elements[0] -= _numel(old)
 
 
 def _to_device(obj, dev):
