@@ -127,6 +127,11 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
                 f"{opname}(): an in-place op cannot change the structure of its first operand "
                 f"(ragged dims {ref.ragged_dims}) to the broadcast result's {p.template.ragged_dims}"
             )
+        from padless.ops.common import sample_views
+
+        if sample_views.eligible(p.template, nts, args, kwargs):  # few large samples: no gathers
+            out = sample_views.run(func, args, kwargs, nts, p.template, inplace)
+            return args[0] if inplace else wrap_like(out, p.template)
         if len(nts) == 2 and len(args) == 2 and not kwargs and not inplace:
             from padless.ops.kernels.pair import broadcast_pair
 

@@ -1,0 +1,88 @@
+"""Broadcasting ops on few large samples run per sample on views (ops.common.sample_views):
+values, gradients and in-place writes against the dense computation on each sample, with the
+threshold forced so small random batches (empty samples included) take the path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import padless
+from padless.ops.common import sample_views
+
+NS = [3, 0, 5, 1]
+
+
+@pytest.fixture(autouse=True)
+def _force(monkeypatch):
+    monkeypatch.setattr(sample_views, "ROWS_PER_SAMPLE", 0)
+    calls = []
+    real = sample_views.run
+    monkeypatch.setattr(sample_views, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    yield calls
+    assert calls, "the per-sample path was not taken"
+
+
+def _nt(shapes, ragged, seed, dtype=torch.float64, grad=True):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(*s, generator=g, dtype=dtype) for s in shapes]
+    return xs, padless.from_list([x.clone() for x in xs], ragged_dims=ragged).requires_grad_(grad)
+
+
+def test_scores_plus_bias_and_mask_in_place_like_triangle_attention():
+    """boltz's ``a += b`` for b in (mask bias (N,1,1,N), triangle bias (1,H,N,N)) on scores
+    (N,H,N,N): values and gradients of all three, per sample."""
+    H = 2
+    s, scores = _nt([(n, H, n, n) for n in NS], (0, 2, 3), 0)
+    m, mask = _nt([(n, 1, 1, n) for n in NS], (0, 3), 1)
+    t, tri = _nt([(1, H, n, n) for n in NS], (2, 3), 2)
+    a = scores * 1.0
+    a += mask
+    a += tri
+    out = torch.softmax(a, -1)
+    out.values().pow(2).sum().backward()
+    leaves = [[x.clone().requires_grad_() for x in xs] for xs in (s, m, t)]
+    refs = [torch.softmax(a_ * 1.0 + b_ + c_, -1) for a_, b_, c_ in zip(*leaves)]
+    sum(r.pow(2).sum() for r in refs).backward()
+    for got, want in zip(out.unbind(), refs):
+        torch.testing.assert_close(got, want.detach())
+    for nt, ls in ((scores, leaves[0]), (mask, leaves[1]), (tri, leaves[2])):
+        for got, leaf in zip(nt.grad.unbind(), ls):
+            torch.testing.assert_close(got, leaf.grad)
+
+
+def test_outer_product_pair_broadcast_out_of_place():
+    xs, x = _nt([(n, 4) for n in NS], (0,), 3)
+    p = x.unsqueeze(2) * x.unsqueeze(1) + x.unsqueeze(1)
+    p.values().pow(2).sum().backward()
+    leaves = [a.clone().requires_grad_() for a in xs]
+    refs = [a.unsqueeze(1) * a.unsqueeze(0) + a.unsqueeze(0) for a in leaves]
+    sum(r.pow(2).sum() for r in refs).backward()
+    for got, want in zip(p.unbind(), refs):
+        torch.testing.assert_close(got, want.detach())
+    for got, leaf in zip(x.grad.unbind(), leaves):
+        torch.testing.assert_close(got, leaf.grad)
+
+
+def test_three_operands_and_type_promotion():
+    _, a = _nt([(n, 1, 3) for n in NS], (0,), 4, grad=False)
+    _, b = _nt([(1, n, 3) for n in NS], (1,), 5, grad=False)
+    cond = (a > 0)
+    out = torch.where(cond, a, b)  # (N, N, 3) from three operands
+    for got, c, x, y in zip(out.unbind(), cond.unbind(), a.unbind(), b.unbind()):
+        torch.testing.assert_close(got, torch.where(c, x, y))
+    ints = padless.from_list([torch.arange(n).view(n, 1) for n in NS])
+    fl = padless.from_list([torch.rand(1, n, dtype=torch.float32) for n in NS], ragged_dims=(1,))
+    mixed = ints + fl
+    assert mixed.dtype == torch.float32
+    for got, i, f in zip(mixed.unbind(), ints.unbind(), fl.unbind()):
+        torch.testing.assert_close(got, i + f)
+
+
+def test_one_sample_and_all_empty():
+    _, x = _nt([(4, 2)], (0,), 6, grad=False)
+    p = x.unsqueeze(2) - x.unsqueeze(1)
+    torch.testing.assert_close(p.unbind()[0], x.unbind()[0].unsqueeze(1) - x.unbind()[0].unsqueeze(0))
+    e = padless.from_list([torch.zeros(0, 3), torch.zeros(0, 3)])
+    q = e.unsqueeze(2) + e.unsqueeze(1)
+    assert q.shape[0] == 2 and q.values().shape[0] == 0
