@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import padless
-from padless.ops.common import sample_views
+from padless.ops.common import sample_views, segment
 
 NS = [3, 0, 5, 1]
 
@@ -17,8 +17,16 @@ NS = [3, 0, 5, 1]
 def _force(monkeypatch):
     monkeypatch.setattr(sample_views, "ROWS_PER_SAMPLE", 0)
     calls = []
-    real = sample_views.run
-    monkeypatch.setattr(sample_views, "run", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real_run, real_seg = sample_views.run, segment._per_sample
+
+    def seg(*a, **k):
+        out = real_seg(*a, **k)
+        if out is not None:
+            calls.append(1)
+        return out
+
+    monkeypatch.setattr(sample_views, "run", lambda *a, **k: calls.append(1) or real_run(*a, **k))
+    monkeypatch.setattr(segment, "_per_sample", seg)
     yield calls
     assert calls, "the per-sample path was not taken"
 
@@ -86,3 +94,25 @@ def test_one_sample_and_all_empty():
     e = padless.from_list([torch.zeros(0, 3), torch.zeros(0, 3)])
     q = e.unsqueeze(2) + e.unsqueeze(1)
     assert q.shape[0] == 2 and q.values().shape[0] == 0
+
+
+@pytest.mark.parametrize("dims", [(1,), (3,), (1, 3), (1, 2)])
+def test_segment_sum_and_mean_per_sample(dims):
+    """Sums and means over ragged dims of (N, H, N, N) scores (the gradient of a bias, a mean
+    over a pair axis), with gradients, per sample; dim 2 is static (heads)."""
+    xs, x = _nt([(n, 2, n, n) for n in NS], (0, 2, 3), 7)
+    s = x.sum(dim=dims, keepdim=True)
+    m = x.mean(dim=dims)
+    (s.values().pow(2).sum() if isinstance(s, padless.NestedTensor) else s.pow(2).sum()).backward(retain_graph=True)
+    leaves = [a.clone().requires_grad_() for a in xs]
+    d = tuple(k - 1 for k in dims)
+    refs_s = [a.sum(dim=d, keepdim=True) for a in leaves]
+    sum(r.pow(2).sum() for r in refs_s).backward()
+    got_s = s.unbind() if isinstance(s, padless.NestedTensor) else list(s)
+    for got, want in zip(got_s, refs_s):
+        torch.testing.assert_close(got, want.detach())
+    for got, leaf in zip(x.grad.unbind(), leaves):
+        torch.testing.assert_close(got, leaf.grad)
+    got_m = m.unbind() if isinstance(m, padless.NestedTensor) else list(m)
+    for got, a in zip(got_m, xs):
+        torch.testing.assert_close(got, a.mean(dim=d), equal_nan=True)

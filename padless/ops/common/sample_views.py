@@ -13,7 +13,9 @@ broadcasts), so torch's own broadcasting does the mapping and nothing is gathere
     scores_i.add_(bias_i)                             (in place: writes the scores' rows)
 
 Out of place, each sample's result is laid back into rows (one copy) and the samples are
-concatenated. Only eager CPU calls whose tensor operands are all NestedTensors with host
+concatenated. Segmented sums and means over ragged dims (the gradient of a broadcast bias, a
+mean over a pair axis) take the same route in :mod:`padless.ops.common.segment`. Only eager
+CPU calls whose tensor operands are all NestedTensors with host
 metadata, with at least :data:`ROWS_PER_SAMPLE` result rows per sample, take it; on an
 accelerator the single gather launch is cheaper than a launch per sample.
 """
@@ -36,13 +38,16 @@ the project's CPU: ``(N, 2, N, N)`` scores plus a bias, N 22..42, 4 samples: 0.2
 MAX_SAMPLES = 32
 
 
+def pays(b: int, total, device: torch.device) -> bool:
+    """Whether ``b`` samples of ``total`` rows on ``device`` are few and large enough for per-sample
+    views (eager CPU only)."""
+    return (0 < b <= MAX_SAMPLES and isinstance(total, int) and total >= ROWS_PER_SAMPLE * b
+            and device.type == "cpu" and not torch.compiler.is_compiling())
+
+
 def eligible(template: NestedTensor, nts: list[NestedTensor], args: tuple, kwargs: dict) -> bool:
     """Whether :func:`run` takes this call (see the module docstring)."""
-    b = template.batch_size
-    total = template._values.shape[0]
-    if not 0 < b <= MAX_SAMPLES or not isinstance(total, int) or total < ROWS_PER_SAMPLE * b:
-        return False
-    if template._values.device.type != "cpu" or torch.compiler.is_compiling():
+    if not pays(template.batch_size, template._values.shape[0], template._values.device):
         return False
     for a in (*args, *kwargs.values()):
         if isinstance(a, Tensor) and not isinstance(a, NestedTensor) and a.dim() > 0:

@@ -14,12 +14,14 @@ extent 1 (so ``p - p.mean(2, keepdim=True)`` broadcasts back).
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
 from padless.ops.kernels import segment as kernel_segment
+from padless.ops.common import sample_views
 from padless.ops.common.structure import build_nested, derived_tensor
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, _is_traced
@@ -202,8 +204,44 @@ def finish(
 
 
 def segment_sum(values: Tensor, g: Groups) -> Tensor:
-    """Sum per group (Triton kernel or its ``index_add`` twin: :mod:`padless.ops.kernels.segment`)."""
-    return kernel_segment.segment_reduce(values, g, "sum")
+    """Sum per group (Triton kernel or its ``index_add`` twin: :mod:`padless.ops.kernels.segment`;
+    few large samples on the CPU: a dense sum per sample on a view of its rows)."""
+    out = _per_sample(values, g, "sum")
+    return out if out is not None else kernel_segment.segment_reduce(values, g, "sum")
+
+
+def segment_mean(values: Tensor, g: Groups) -> Tensor:
+    """Mean per group (as :func:`segment_sum`; an empty group gives nan, as torch's mean)."""
+    out = _per_sample(values, g, "mean")
+    return out if out is not None else kernel_segment.segment_reduce(values, g, "mean")
+
+
+def _per_sample(values: Tensor, g: Groups, mode: str) -> Tensor | None:
+    """Sum or mean per group, sample by sample on views (:mod:`padless.ops.common.sample_views`):
+    a sample's rows view as its ragged extents (storage order) times the static dims, reduced
+    over the positions of the reduced dims; groups come out sample-major, the kept ragged dims
+    row-major in storage order, as ``gid`` numbers them. None where it does not pay."""
+    if not g.source or _is_traced(values):
+        return None
+    sizes, offsets, ragged, reduced = g.source
+    if sizes.device.type != "cpu" or not sample_views.pays(sizes.shape[0], values.shape[0], values.device):
+        return None
+    hs, ho = sizes.tolist(), offsets.tolist()
+    red = [j for j, d in enumerate(ragged) if d in reduced]
+    static = list(values.shape[1:])
+    parts = []
+    for i, row in enumerate(hs):
+        ext = [row[d] for d in ragged]
+        kept = [e for j, e in enumerate(ext) if j not in red]
+        if 0 in kept:
+            continue
+        v = values[ho[i] : ho[i + 1]].reshape(ext + static)
+        r = v.sum(dim=red) if mode == "sum" else v.mean(dim=red)
+        parts.append(r.reshape(math.prod(kept), *static))
+    out = torch.cat(parts) if parts else values.new_zeros((0, *static))
+    if out.shape[0] != g.n_groups:
+        raise RuntimeError(f"padless internal: per-sample {mode} gave {out.shape[0]} groups, expected {g.n_groups}")
+    return out
 
 
 def segment_extreme(values: Tensor, g: Groups, mode: str) -> Tensor:

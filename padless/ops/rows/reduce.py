@@ -175,7 +175,7 @@ def sum_raw(nt: NestedTensor, sdims: list[int], keepdim: bool, dtype=None) -> Te
 
 
 def _mean_segments(vals: Tensor, g: segment.Groups) -> Tensor:
-    return kernel_segment.segment_reduce(vals, g, "mean")
+    return segment.segment_mean(vals, g)
 
 
 # ---------------------------------------------------------------------------- sum / mean / prod
