@@ -12,6 +12,7 @@ code builds host metadata in eager mode and traces under ``torch.compile``.
 from __future__ import annotations
 
 import collections
+import threading
 from typing import Sequence
 
 import torch
@@ -76,6 +77,7 @@ def row_sample_ids(offsets: Tensor, total: int | torch.SymInt) -> Tensor:
 _COORDS: collections.OrderedDict = collections.OrderedDict()
 COORDS_CACHE_ELEMENTS = 1 << 24  # host int64 elements held, all entries together (128 MiB)
 _coords_elements = [0]
+_COORDS_LOCK = threading.Lock()
 
 
 def _coords_key(sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total) -> tuple | None:
@@ -95,18 +97,23 @@ def row_coords(
     and shared between callers, who must not write it in place."""
     key = _coords_key(sizes, offsets, ragged, total)
     if key is not None:
-        hit = _COORDS.get(key)
-        if hit is not None:
-            _COORDS.move_to_end(key)
-            return hit[0], list(hit[1])
+        with _COORDS_LOCK:
+            hit = _COORDS.get(key)
+            if hit is not None:
+                _COORDS.move_to_end(key)
+                return hit[0], list(hit[1])
     sid, coords = _row_coords(sizes, offsets, ragged, total)
     n = sid.numel() * (1 + len(coords))
     if key is not None and n <= COORDS_CACHE_ELEMENTS // 4:
-        _COORDS[key] = (sid, tuple(coords))
-        _coords_elements[0] += n
-        while _coords_elements[0] > COORDS_CACHE_ELEMENTS:
-            _, (s0, c0) = _COORDS.popitem(last=False)
-            _coords_elements[0] -= s0.numel() * (1 + len(c0))
+        with _COORDS_LOCK:
+            old = _COORDS.pop(key, None)
+            if old is not None:
+                _coords_elements[0] -= old[0].numel() * (1 + len(old[1]))
+            _COORDS[key] = (sid, tuple(coords))
+            _coords_elements[0] += n
+            while _coords_elements[0] > COORDS_CACHE_ELEMENTS and _COORDS:
+                _, (s0, c0) = _COORDS.popitem(last=False)
+                _coords_elements[0] -= s0.numel() * (1 + len(c0))
     return sid, coords
 
 

@@ -16,6 +16,7 @@ shared: nobody writes them in place. Eager only (traced metadata is never cached
 from __future__ import annotations
 
 import collections
+import threading
 from typing import Any
 
 from torch import Tensor
@@ -27,6 +28,7 @@ ELEMENTS = 1 << 24
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
 _held = [0]
+_LOCK = threading.Lock()  # models run from several threads share the cache
 
 
 def structure_key(nt: NestedTensor) -> tuple | None:
@@ -39,30 +41,33 @@ def structure_key(nt: NestedTensor) -> tuple | None:
 
 
 def get(key: tuple) -> Any:
-    hit = _CACHE.get(key)
-    if hit is not None:
+    with _LOCK:
+        hit = _CACHE.get(key)
+        if hit is None:
+            return None
         _CACHE.move_to_end(key)
         return hit[0]
-    return None
 
 
 def put(key: tuple, value: Any) -> None:
     n = _numel(value)
     if n > ELEMENTS // 4:
         return  # one huge map would push out everything else: it stays on its structure only
-    old = _CACHE.pop(key, None)
-    if old is not None:
-        _held[0] -= old[1]
-    _CACHE[key] = (value, n)
-    _held[0] += n
-    while _held[0] > ELEMENTS and _CACHE:
-        _, (_, m) = _CACHE.popitem(last=False)
-        _held[0] -= m
+    with _LOCK:
+        old = _CACHE.pop(key, None)
+        if old is not None:
+            _held[0] -= old[1]
+        _CACHE[key] = (value, n)
+        _held[0] += n
+        while _held[0] > ELEMENTS and _CACHE:
+            _, (_, m) = _CACHE.popitem(last=False)
+            _held[0] -= m
 
 
 def clear() -> None:
-    _CACHE.clear()
-    _held[0] = 0
+    with _LOCK:
+        _CACHE.clear()
+        _held[0] = 0
 
 
 def held() -> int:
