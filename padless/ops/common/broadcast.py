@@ -98,8 +98,10 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
         # the same rows met before (another layer's scores, a gradient): the plan by content
         ckey = ("broadcast", dev, ref._values.dtype, tuple(n._env for n in nts)) + tuple(content.structure_key(n) for n in nts)
         shared = content.get(ckey)
-        if shared is not None:
-            p = Plan(shared.template, shared.rows, shared.squeeze, keepalive=tuple(n._meta for n in nts[1:]))
+        if shared is not None:  # (rows, squeeze, out sizes, out offsets, envelope, ragged): a new template
+            rows, squeeze, out_sizes, out_offsets, env, out_ragged = shared
+            p = Plan(_template(ref, out_sizes, out_offsets, env, out_ragged), list(rows), list(squeeze),
+                     keepalive=tuple(n._meta for n in nts[1:]))
             _remember(ref._meta, key, p)
             return p
     out_ragged = tuple(sorted({r for n in nts for r in n._ragged}))
@@ -136,17 +138,24 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
     for d in range(ndim):
         if d not in out_ragged:
             env[d] = max(n._env[d] for n in nts)
-    static_env = [env[d] for d in layout.static_dims(ndim, out_ragged)]
+    p = Plan(_template(ref, out_sizes, out_offsets, env, out_ragged), rows, squeeze,
+             keepalive=tuple(n._meta for n in nts[1:]))
+    _remember(ref._meta, key, p)
+    if ckey is not None:  # maps and host metadata only: no structure kept alive from here
+        content.put(ckey, (tuple(rows), tuple(squeeze), out_sizes, out_offsets, tuple(env), out_ragged))
+    return p
+
+
+def _template(ref: NestedTensor, out_sizes: Tensor, out_offsets: Tensor, env: Sequence, out_ragged: tuple) -> NestedTensor:
+    """The result's structure (values are a zero-size placeholder), on ``ref``'s device."""
+    dev = ref._values.device
+    static_env = [env[d] for d in layout.static_dims(len(env), out_ragged)]
+    total = int(out_offsets[-1])
     placeholder = ref._values.new_zeros(()).expand(total, *static_env)
     meta = StructureMeta(out_sizes, out_offsets)
     sizes_dev = out_sizes if dev.type == "cpu" else out_sizes.to(dev, non_blocking=True)
     offsets_dev = out_offsets if dev.type == "cpu" else out_offsets.to(dev, non_blocking=True)
-    template = NestedTensor(placeholder, offsets_dev, sizes_dev, out_ragged, env, meta)
-    p = Plan(template, rows, squeeze, keepalive=tuple(n._meta for n in nts[1:]))
-    _remember(ref._meta, key, p)
-    if ckey is not None:
-        content.put(ckey, Plan(template, rows, squeeze))  # no partners kept alive from here
-    return p
+    return NestedTensor(placeholder, offsets_dev, sizes_dev, tuple(out_ragged), list(env), meta)
 
 
 PLAN_CACHE_SIZE = 16

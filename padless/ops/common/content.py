@@ -10,7 +10,8 @@ four samples of N <= 48, several milliseconds per map).
 
 Least recently used entries go first; the cache is bounded by the elements of the tensors it
 holds (:data:`ELEMENTS`), and a single map larger than a quarter of it is not kept. Entries are
-shared: nobody writes them in place. Eager only (traced metadata is never cached).
+shared: nobody writes them in place, and they hold tensors and host metadata only (no structure
+object, whose own caches would grow unaccounted). Eager only (traced metadata is never cached).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from padless.tensor.core import NestedTensor
 
 ELEMENTS = 1 << 24
 """Tensor elements held by all entries together (int64 index maps: 128 MiB)."""
+ENTRIES = 256
+"""Entries held (many tiny maps cost Python objects rather than elements)."""
 
 _CACHE: collections.OrderedDict = collections.OrderedDict()
 _held = [0]
@@ -59,7 +62,7 @@ def put(key: tuple, value: Any) -> None:
             _held[0] -= old[1]
         _CACHE[key] = (value, n)
         _held[0] += n
-        while _held[0] > ELEMENTS and _CACHE:
+        while (_held[0] > ELEMENTS or len(_CACHE) > ENTRIES) and _CACHE:
             _, (_, m) = _CACHE.popitem(last=False)
             _held[0] -= m
 
@@ -80,5 +83,4 @@ def _numel(obj) -> int:
         return obj.numel()
     if isinstance(obj, (tuple, list)):
         return sum(_numel(o) for o in obj)
-    rows = getattr(obj, "rows", None)  # a broadcast Plan
-    return _numel(rows) if rows is not None else 0
+    return 0
