@@ -116,3 +116,15 @@ def test_segment_sum_and_mean_per_sample(dims):
     got_m = m.unbind() if isinstance(m, padless.NestedTensor) else list(m)
     for got, a in zip(got_m, xs):
         torch.testing.assert_close(got, a.mean(dim=d), equal_nan=True)
+
+
+def test_frexp_keeps_the_rows_path(_force):
+    """two results: the per-sample path stops at the first sample, the rows path answers"""
+    _force.append(1)  # the fixture's "path taken" check does not apply here
+    a = padless.from_list([torch.rand(n, 1) + 0.5 for n in NS])
+    b = padless.from_list([torch.rand(1, n) + 0.5 for n in NS], ragged_dims=(1,))
+    m, e = torch.frexp(a * b)
+    for mm, ee, x, y in zip(m.unbind(), e.unbind(), a.unbind(), b.unbind()):
+        want_m, want_e = torch.frexp(x * y)
+        torch.testing.assert_close(mm, want_m)
+        assert torch.equal(ee, want_e)

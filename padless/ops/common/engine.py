@@ -131,7 +131,8 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
 
         if sample_views.eligible(p.template, nts, args, kwargs):  # few large samples: no gathers
             out = sample_views.run(func, args, kwargs, nts, p.template, inplace)
-            return args[0] if inplace else wrap_like(out, p.template)
+            if out is not sample_views.NOT_TAKEN:
+                return args[0] if inplace else wrap_like(out, p.template)
         if len(nts) == 2 and len(args) == 2 and not kwargs and not inplace:
             from padless.ops.kernels.pair import broadcast_pair
 

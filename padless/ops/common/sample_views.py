@@ -61,9 +61,13 @@ def _views(n: NestedTensor) -> list[Tensor]:
     return [layout.sample_view(n._values[ho[i] : ho[i + 1]], hs[i], order) for i in range(len(hs))]
 
 
+NOT_TAKEN = object()
+
+
 def run(func: Callable, args: tuple, kwargs: dict, nts: list[NestedTensor], template: NestedTensor, inplace: bool):
     """``func`` sample by sample on views; in place writes the first operand's rows, else the
-    result's rows (``template``'s layout) are returned."""
+    result's rows (``template``'s layout) are returned. :data:`NOT_TAKEN` when ``func`` turns
+    out not to return one tensor (``frexp``): the caller takes the rows path."""
     views = {id(n): _views(n) for n in nts}
     out_hs = template._meta.host_sizes.tolist()
     order = layout.storage_order(template.sample_dim, template._ragged)
@@ -75,6 +79,8 @@ def run(func: Callable, args: tuple, kwargs: dict, nts: list[NestedTensor], temp
         a_i = [views[id(a)][i] if isinstance(a, NestedTensor) else a for a in args]
         k_i = {k: views[id(a)][i] if isinstance(a, NestedTensor) else a for k, a in kwargs.items()}
         r = func(*a_i, **k_i)
+        if not isinstance(r, Tensor):
+            return NOT_TAKEN  # only the first sample ran, and out of place (no write to undo)
         if not inplace:
             rows = math.prod(r.shape[d] for d in order[:nr])
             parts.append(r.permute(order).reshape(rows, *[r.shape[d] for d in order[nr:]]))
