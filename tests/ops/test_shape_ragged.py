@@ -76,6 +76,56 @@ def test_split_that_does_not_fit_a_sample_is_refused():
     h, w = other.shape[2:]
     with pytest.raises(padless.StructureError, match=r"sample 2 has 0 entries along dim 2, but its sizes \(1, 3\) hold 3"):
         x.flatten(2).unflatten(2, (h, w))
-    # reshape with sizes that fit no sample keeps its own error
-    with pytest.raises(padless.StructureError, match="cannot reshape"):
+    # a reshape by sizes that do not hold a sample's elements names the sample
+    with pytest.raises(padless.StructureError, match=r"sample 2 holds 0 elements, its target shape \(3, 1, 3\) holds 9"):
         x.flatten(2).reshape(4, 3, h, w)
+
+
+def manet_map(x, lin):  # smp's MAnet position attention ends with a reshape that reinterprets memory
+    batch, c, height, width = x.shape
+    t = lin(x.flatten(2).transpose(1, 2))  # (B, HW, C) tokens
+    return t.reshape(batch, c, height, width)  # (HW, C) memory read as (C, H, W)
+
+
+@pytest.mark.parametrize("sizes", [SIZES, SIZES[:1]], ids=["batch", "one_image"])
+def test_reinterpreting_reshape_values_and_grads(sizes):
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 3).double()
+    xs, x = _images(sizes, seed=1)
+    y = manet_map(x, lin)
+    assert y.ragged_dims == (1, 2)
+    y.values().pow(2).sum().backward()
+    got_w = lin.weight.grad.clone()
+    lin.zero_grad()
+    leaves = [a.clone().requires_grad_() for a in xs]
+    refs = [manet_map(a[None], lin)[0] for a in leaves]
+    sum(r.pow(2).sum() for r in refs).backward()
+    for got, want in zip(y.unbind(), refs):
+        torch.testing.assert_close(got, want.detach())
+    for got, leaf in zip(x.grad.unbind(), leaves):
+        torch.testing.assert_close(got, leaf.grad)
+    torch.testing.assert_close(got_w, lin.weight.grad)
+
+
+def test_reinterpreting_reshape_infers_one_minus_one_per_sample():
+    sizes = [s for s in SIZES if 0 not in s]
+    xs, x = _images(sizes, c=4, seed=2)
+    b, c, h, w = x.shape
+    t = x.detach().flatten(2).transpose(1, 2)
+    y = t.reshape(b, -1, h, w)  # the -1 is each sample's c
+    for got, a in zip(y.unbind(), xs):
+        torch.testing.assert_close(got, a.flatten(1).transpose(0, 1).reshape(-1, a.shape[1], a.shape[2]))
+    _, x = _images(SIZES, c=4, seed=2)  # an empty image: the -1 could be anything, as torch says
+    t = x.detach().flatten(2).transpose(1, 2)
+    with pytest.raises(padless.StructureError, match="sample 2 holds 0 elements.*could be any size"):
+        t.reshape(x.shape[0], -1, *x.shape[2:])
+
+
+def test_reinterpreting_reshape_that_loses_elements_is_refused_and_view_is_not_a_copy():
+    _, x = _images(SIZES, seed=3)
+    b, c, h, w = x.shape
+    t = x.detach().flatten(2).transpose(1, 2)
+    with pytest.raises(padless.StructureError, match="sample 0 holds 72 elements"):
+        t.reshape(b, c + 1, h, w)
+    with pytest.raises(padless.StructureError):
+        t.view(b, c, h, w)  # view promises no copy: the usual refusal

@@ -10,6 +10,12 @@
   of ``L_i = h_i * w_i`` rows becomes two ragged dims ``(h_i, w_i)``, row-major, the rows
   unchanged. ``x.unflatten(d, (h, w))`` with such sizes does the same. A sample whose
   length is not the product of its sizes is refused, naming it.
+* **reinterpret**: ``t.reshape(B, C, height, width)`` of ``(h_i * w_i, C)`` maps (smp's MAnet
+  writes it): neither a merge nor a split, but every sample's dense memory read in the new
+  shape, exactly what ``reshape`` does to that sample alone. Each sample's new shape comes
+  from the target (sizes read from a shape give each sample its own; one ``-1`` is inferred
+  per sample); its element count must be the sample's. The rows are rebuilt with one gather
+  (cached by content), differentiable. ``reshape`` only: ``view`` promises no copy.
 """
 
 from __future__ import annotations
@@ -19,8 +25,10 @@ from typing import Any, Sequence
 
 import torch
 
+from padless.ops.common import content
 from padless.ops.common.host import from_host_structure, host_structure
 from padless.ops.common.structure import call
+from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
@@ -124,8 +132,71 @@ def reshape_ragged(nt: NestedTensor, target: list[Any], op: str) -> NestedTensor
         return call(torch.flatten, nt, span[0] + 1, span[1])
     plan = _split_plan(nt, rest)
     if plan is None:
-        return None
+        return reinterpret(nt, rest, op) if op == "reshape" else None
     out = nt
     for p, group in reversed(plan):  # last dim first: earlier indices stay valid
         out = split_ragged(out, p, group, op)
     return out
+
+
+def reinterpret(nt: NestedTensor, rest: list[Any], op: str) -> NestedTensor | None:
+    """Every sample's dense memory in a new shape (module docstring: *reinterpret*); None when
+    ``rest`` gives no sample its own size (no :class:`Extent`), so the usual error stands."""
+    b = nt.batch_size
+    if not any(isinstance(e, Extent) for e in rest) or rest.count(-1) > 1:
+        return None
+    if any(not isinstance(e, Extent) and type(e) is not int for e in rest):
+        return None
+    if any(isinstance(e, Extent) and e.batch_size != b for e in rest):
+        return None
+    hs, ho = host_structure(nt, op)
+    numel = [math.prod(r) for r in hs.tolist()]
+    cols = [e.per_sample() if isinstance(e, Extent) else [e] * b for e in rest]
+    shapes = []
+    for i in range(b):
+        shape = [c[i] for c in cols]
+        if -1 in shape:
+            known = math.prod(n for n in shape if n != -1)
+            if known == 0:
+                raise StructureError(
+                    f"{op}(): sample {i} holds {numel[i]} elements and its target shape {tuple(shape)} has a 0: "
+                    "the -1 could be any size (as torch says for a dense tensor); give that dim's size"
+                )
+            shape[shape.index(-1)] = numel[i] // known if numel[i] % known == 0 else -1
+        if math.prod(shape) != numel[i]:
+            raise StructureError(
+                f"{op}(): sample {i} holds {numel[i]} elements, its target shape {tuple(shape)} holds "
+                f"{math.prod(shape)}; a reshape must keep every sample's element count"
+            )
+        shapes.append(shape)
+    ragged = tuple(j for j, e in enumerate(rest) if isinstance(e, Extent) or e == -1)
+    static = [rest[j] for j in range(len(rest)) if j not in ragged]
+    new_hs = torch.tensor(shapes, dtype=hs.dtype).reshape(b, len(rest))
+    key = ("reinterpret", content.structure_key(nt), new_hs.numpy().tobytes(), ragged)
+    idx = content.get(key)
+    if idx is None:
+        idx = _reinterpret_index(hs, ho, nt._ragged, new_hs, ragged, math.prod(nt._values.shape[1:]))
+        content.put(key, idx)
+    vals = values_of(nt)
+    out = vals.reshape(-1).index_select(0, idx.to(vals.device, non_blocking=True))
+    return from_host_structure(out.view(-1, *static), new_hs, ragged, nt)
+
+
+def _reinterpret_index(hs, ho, src_ragged, new_hs, new_ragged, width: int) -> torch.Tensor:
+    """For every element of the new layout (rows, then static dims), its position in the old
+    values (flat): per sample, the dense flat index of each stored element, inverted on the
+    source side and read on the target side (host arithmetic)."""
+    d_src, d_new = hs.shape[1], new_hs.shape[1]
+    o_src = layout.storage_order(d_src, src_ragged)
+    o_new = layout.storage_order(d_new, new_ragged)
+    parts = []
+    for i, (s_shape, t_shape) in enumerate(zip(hs.tolist(), new_hs.tolist())):
+        n = math.prod(s_shape)
+        if n == 0:
+            continue
+        dense_at = torch.arange(n).view(s_shape).permute(o_src).reshape(-1)  # dense index of stored element p
+        pos_of = torch.empty(n, dtype=torch.int64)
+        pos_of[dense_at] = torch.arange(n)
+        want = torch.arange(n).view(t_shape).permute(o_new).reshape(-1)  # dense index the new layout stores
+        parts.append(pos_of[want] + int(ho[i]) * width)
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
