@@ -172,13 +172,14 @@ def reinterpret(nt: NestedTensor, rest: list[Any], op: str) -> NestedTensor | No
     ragged = tuple(j for j, e in enumerate(rest) if isinstance(e, Extent) or e == -1)
     static = [rest[j] for j in range(len(rest)) if j not in ragged]
     new_hs = torch.tensor(shapes, dtype=hs.dtype).reshape(b, len(rest))
-    key = ("reinterpret", content.structure_key(nt), new_hs.numpy().tobytes(), ragged)
+    vals = values_of(nt)
+    key = ("reinterpret", vals.device, content.structure_key(nt), new_hs.numpy().tobytes(), ragged)
     idx = content.get(key)
     if idx is None:
         idx = _reinterpret_index(hs, ho, nt._ragged, new_hs, ragged, math.prod(nt._values.shape[1:]))
+        idx = idx.to(vals.device, non_blocking=True)
         content.put(key, idx)
-    vals = values_of(nt)
-    out = vals.reshape(-1).index_select(0, idx.to(vals.device, non_blocking=True))
+    out = vals.reshape(-1).index_select(0, idx)
     return from_host_structure(out.view(-1, *static), new_hs, ragged, nt)
 
 
