@@ -173,12 +173,14 @@ def reinterpret(nt: NestedTensor, rest: list[Any], op: str) -> NestedTensor | No
     static = [rest[j] for j in range(len(rest)) if j not in ragged]
     new_hs = torch.tensor(shapes, dtype=hs.dtype).reshape(b, len(rest))
     vals = values_of(nt)
-    key = ("reinterpret", vals.device, content.structure_key(nt), new_hs.numpy().tobytes(), ragged)
-    idx = content.get(key)
+    skey = content.structure_key(nt)  # None without host metadata: then nothing is shared
+    key = ("reinterpret", vals.device, skey, new_hs.numpy().tobytes(), ragged)
+    idx = content.get(key) if skey is not None else None
     if idx is None:
         idx = _reinterpret_index(hs, ho, nt._ragged, new_hs, ragged, math.prod(nt._values.shape[1:]))
         idx = idx.to(vals.device, non_blocking=True)
-        content.put(key, idx)
+        if skey is not None:
+            content.put(key, idx)
     out = vals.reshape(-1).index_select(0, idx)
     return from_host_structure(out.view(-1, *static), new_hs, ragged, nt)
 
