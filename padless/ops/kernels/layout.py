@@ -333,7 +333,7 @@ class RowMap(NamedTuple):
     reads a fill value instead; built once on the host by :func:`row_map`."""
 
     index: Tensor  # (R,) int64, holes = len(x)
-    safe: Tensor  # index with holes pointing at row 0 (what index_select reads)
+    safe: Tensor  # index with holes pointing at row 0 (what index_select reads; int32 when it fits)
     holes: Tensor | None  # rows of y that are holes, or None
 
 
@@ -342,6 +342,8 @@ def row_map(index: Tensor, n_src: int, device: torch.device | str) -> RowMap:
     hole = index == n_src
     holes = hole.nonzero()[:, 0] if bool(hole.any()) else None
     safe = index.masked_fill(hole, 0)
+    if n_src < 2 ** 31:  # half the index traffic of a gather (element maps are as long as the data)
+        safe = safe.to(torch.int32)
     dev = torch.device(device)
     return RowMap(index.to(dev, non_blocking=True), safe.to(dev, non_blocking=True),
                   None if holes is None else holes.to(dev, non_blocking=True))
@@ -380,6 +382,16 @@ def read_rows(x: Tensor, m: RowMap, fill: float) -> Tensor:
     if m.holes is not None:
         y.index_fill_(0, m.holes, fill)
     return y
+
+
+def read_elements(x: Tensor, m: RowMap, fill: float, shape: Sequence[int]) -> Tensor:
+    """The elements of the flat ``x`` read through ``m`` (holes ``fill``), as a new tensor of
+    ``shape`` (not a view: the output of an autograd Function may then be changed in place)."""
+    out = x.new_empty(tuple(shape))
+    torch.index_select(x, 0, m.safe, out=out.view(-1))
+    if m.holes is not None:
+        out.view(-1).index_fill_(0, m.holes, fill)
+    return out
 
 
 def gather_rows(x: Tensor, fwd: RowMap, bwd: RowMap, fill: float = 0.0) -> Tensor:

@@ -22,9 +22,13 @@ import torch
 from torch import Tensor
 
 from padless.ops.kernels import dispatch
-from padless.ops.kernels.layout import padding_maps, read_rows, size_buckets
+from padless.ops.kernels.layout import (
+    padding_maps,
+    read_elements,
+    read_rows,
+    size_buckets,
+)
 from padless.ops.kernels.segment import BLOCK_R, Groups, twin_reduce
-
 
 FAMILY = "softmax"
 tl: Any = None
@@ -166,11 +170,11 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
     (:func:`_bucketed_runs`: a few calls whatever the batch size) for small samples, of
     every sample's rows for large ones (:data:`BUCKET_LIMIT`)."""
     runs = g.runs() if hasattr(g, "runs") else None
+    if runs is not None and not values.shape[0]:
+        return values.clone()
+    if runs is not None and (values.numel() <= BUCKET_LIMIT * len(runs) or values.device.type != "cpu"):
+        return _bucketed_runs(values, runs, g.cache, log)  # launches: few calls (empty groups hold no rows)
     if runs is not None and g.empty_group_sample < 0:
-        if not values.shape[0]:
-            return values.clone()
-        if values.numel() <= BUCKET_LIMIT * len(runs) or values.device.type != "cpu":  # launches: few calls
-            return _bucketed_runs(values, runs, g.cache, log)
         fn = torch.log_softmax if log else torch.softmax
         static = values.shape[1:]
         pieces = values.split([hi - lo for lo, hi, _ in runs])  # one split: its backward is one cat
@@ -199,26 +203,36 @@ elements (forward and backward: about 40 us on a CPU)."""
 
 def _runs_plan(runs: list[tuple[int, int, int]], total: int, static: tuple[int, ...], device: torch.device) -> tuple:
     """Padded buckets for groups of ``c_i`` consecutive rows (sample ``i``'s rows ``lo:hi``):
-    samples of similar ``c`` share a bucket ``(groups, max c)``. Returns the per-bucket
-    ``(first row, groups, width)`` and the row maps between the buffer and the value rows."""
+    samples of similar ``c`` share a bucket ``(groups, features, max c)``, the normalised dim
+    last and contiguous (the layout a dense ``(B, H, I, J)`` score tensor has, so no
+    transposing copy runs on either side). Returns the per-bucket ``(first element, groups,
+    width)`` and the element maps between the flat buffer and the flat values.
+
+    Samples of 2 and 3 rows per group (``c``), one feature each, one bucket of width 3::
+
+        values rows      [a0 a1 | a2 a3 | b0 b1 b2]       (sample a: 2 groups, b: 1 group)
+        buffer (3, 1, 3) [a0 a1 -inf | a2 a3 -inf | b0 b1 b2]
+    """
     live = [(i, lo, hi, c) for i, (lo, hi, c) in enumerate(runs) if hi > lo]
     ext = torch.tensor([[c] for _, _, _, c in live], dtype=torch.int64).reshape(len(live), 1)
     weight = torch.tensor([(hi - lo) // c for _, lo, hi, c in live], dtype=torch.int64)
+    f = math.prod(static)
     buckets = []
-    dest = torch.empty(total, dtype=torch.int64)
+    dest = torch.empty(total, f, dtype=torch.int64)
+    feat = torch.arange(f)
     start = 0
-    f = float(math.prod(static))
-    for ids in size_buckets(ext, weight, cost=lambda e: e[0] * f, overhead=SOFTMAX_CALL_COST):
+    for ids in size_buckets(ext, weight, cost=lambda e: e[0] * float(f), overhead=SOFTMAX_CALL_COST):
         width = int(ext[ids, 0].max())
         groups = 0
         for j in ids:
             _, lo, hi, c = live[j]
             local = torch.arange(hi - lo)
-            dest[lo:hi] = start + (groups + local // c) * width + local % c
+            row = start + (groups + local // c) * (f * width) + local % c
+            dest[lo:hi] = row[:, None] + feat[None, :] * width
             groups += (hi - lo) // c
         buckets.append((start, groups, width))
-        start += groups * width
-    return buckets, padding_maps(dest, start, device)
+        start += groups * f * width
+    return buckets, padding_maps(dest.reshape(-1), start, device)
 
 
 def _bucketed_runs(values: Tensor, runs: list[tuple[int, int, int]], cache: dict, log: bool) -> Tensor:
@@ -230,37 +244,64 @@ def _bucketed_runs(values: Tensor, runs: list[tuple[int, int, int]], cache: dict
     if torch.is_autocast_enabled(dev):  # autocast runs softmax in float32; its backward then sees one dtype
         with torch.autocast(dev, enabled=False):
             return _BucketedSoftmax.apply(values.float(), cache[key], log)
-    return _BucketedSoftmax.apply(values, cache[key], log)
+    y = _BucketedSoftmax.apply(values, cache[key], log)
+    if not log and y.requires_grad:
+        y.__dict__[_SOURCE] = (values, runs, y._version)
+    return y
 
 
-def _per_bucket(fn, buf: Tensor, buckets, static, *more: Tensor) -> Tensor:
-    """``fn`` along the groups' dim of every bucket of the padded buffer(s), rows back in order.
+_SOURCE = "_padless_softmax_of"
 
-    Softmax runs along the last, contiguous dim: torch's CPU softmax over a strided dim
-    (features inner) is several times slower than a transposing copy plus the contiguous one.
-    """
-    f = math.prod(static)
-    sizes = [n * w for _, n, w in buckets]
-    pieces = [t.split(sizes) for t in (buf, *more)]  # one split each: the backward is one cat
-    parts = []
-    for k, (_, n, w) in enumerate(buckets):
-        views = [p[k].view(n, w, f).transpose(1, 2) for p in pieces]
-        parts.append(fn(*views).transpose(1, 2).reshape(n * w, *static))
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+def softmax_source(y: Tensor) -> tuple[Tensor, list[tuple[int, int, int]]] | None:
+    """``(x, runs)`` when the rows ``y`` are the bucketed ``softmax(x)`` over the runs ``runs``
+    (groups of consecutive rows: the last ragged dim in storage order), unchanged since, and
+    made with a gradient wanted; else None. A contraction that sums over that dim
+    (``softmax(q @ k^T + bias) @ v``) differentiates from ``x`` directly
+    (:class:`padless.ops.pairs.bucket_nodes._SoftmaxContract`). The mark keeps ``x`` alive as
+    long as ``y``."""
+    hit = y.__dict__.get(_SOURCE) if hasattr(y, "__dict__") else None
+    if hit is None or hit[2] != y._version:
+        return None
+    return hit[0], hit[1]
+
+
+def _per_bucket(fn, buckets, f: int, *bufs: Tensor) -> Tensor:
+    """``fn`` along the last dim of every bucket ``(groups * features, width)`` of the flat
+    padded buffer(s); the flat results one bucket after another. ``fn(*views, out=view)``
+    writes into its place of one result buffer (no cat) unless a gradient is recorded (double
+    backward), where ``fn(*views)`` returns it."""
+    if len(buckets) == 1:
+        _, n, w = buckets[0]
+        return fn(*[b.view(n * f, w) for b in bufs]).reshape(-1)
+    sizes = [n * f * w for _, n, w in buckets]
+    pieces = [t.split(sizes) for t in bufs]  # one split each: the backward is one cat
+    if torch.is_grad_enabled():
+        return torch.cat([fn(*[p[k].view(n * f, w) for p in pieces]).reshape(-1) for k, (_, n, w) in enumerate(buckets)])
+    out = bufs[0].new_empty(bufs[0].shape)
+    for k, ((_, n, w), o) in enumerate(zip(buckets, out.split(sizes))):
+        fn(*[p[k].view(n * f, w) for p in pieces], out=o.view(n * f, w))
+    return out
 
 
 class _BucketedSoftmax(torch.autograd.Function):
     """Softmax over runs of rows as one autograd node: gather into padded buckets, one dense
-    (log_)softmax per bucket, gather back; the backward does the same with torch's softmax
-    backward (written with differentiable ops on the saved output: double backward works)."""
+    (log_)softmax per bucket along its contiguous last dim, gather back; the backward does the
+    same with torch's softmax backward (written with differentiable ops on the saved output:
+    double backward works)."""
 
     @staticmethod
     def forward(ctx, x: Tensor, plan: tuple, log: bool) -> Tensor:
         buckets, (to_buf, to_rows) = plan
-        fn = torch.log_softmax if log else torch.softmax
-        buf = read_rows(x, to_buf, float("-inf"))
-        ypad = _per_bucket(lambda t: fn(t, -1), buf, buckets, x.shape[1:])
-        y = read_rows(ypad, to_rows, 0.0)
+        op = torch.ops.aten._log_softmax if log else torch.ops.aten._softmax
+        f = math.prod(x.shape[1:])
+        buf = read_rows(x.reshape(-1), to_buf, float("-inf"))
+
+        def fn(t: Tensor, out: Tensor | None = None) -> Tensor:
+            return op(t, -1, False) if out is None else op.out(t, -1, False, out=out)
+
+        ypad = _per_bucket(fn, buckets, f, buf)
+        y = read_elements(ypad, to_rows, 0.0, x.shape)
         ctx.plan, ctx.log = plan, log
         ctx.save_for_backward(y, ypad)
         return y
@@ -269,17 +310,18 @@ class _BucketedSoftmax(torch.autograd.Function):
     def backward(ctx, dy: Tensor):
         y, ypad = ctx.saved_tensors
         buckets, (to_buf, to_rows) = ctx.plan
+        f = math.prod(y.shape[1:])
         # padded places: output 0 (softmax) or -inf (log_softmax), gradient 0: they add nothing
         if torch.is_grad_enabled():  # double backward: the padded output as a function of y
-            ypad = read_rows(y, to_buf, float("-inf") if ctx.log else 0.0)
-        dypad = read_rows(dy.contiguous(), to_buf, 0.0)
-        bwd = torch._log_softmax_backward_data if ctx.log else torch._softmax_backward_data
+            ypad = read_rows(y.reshape(-1), to_buf, float("-inf") if ctx.log else 0.0)
+        dypad = read_rows(dy.reshape(-1), to_buf, 0.0)
+        bwd = torch.ops.aten._log_softmax_backward_data if ctx.log else torch.ops.aten._softmax_backward_data
 
-        def fn(g: Tensor, out: Tensor) -> Tensor:
-            return bwd(g.contiguous(), out.contiguous(), -1, y.dtype)
+        def fn(g: Tensor, yk: Tensor, out: Tensor | None = None) -> Tensor:
+            return bwd(g, yk, -1, y.dtype) if out is None else bwd.out(g, yk, -1, y.dtype, grad_input=out)
 
-        dx = _per_bucket(fn, dypad, buckets, y.shape[1:], ypad)
-        return read_rows(dx, to_rows, 0.0), None, None
+        dx = _per_bucket(fn, buckets, f, dypad, ypad)
+        return read_rows(dx, to_rows, 0.0).view(y.shape), None, None
 
 
 def ragged_softmax(values: Tensor, g: "Groups", log: bool = False) -> Tensor:

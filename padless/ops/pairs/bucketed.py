@@ -14,15 +14,28 @@ the op count does not depend on the batch size. Samples of lengths 2, 5, 4 for
 
     buckets      [0] padded to L=2          [2, 1] padded to L=5
     q buffer     rows (slot, l) of each bucket: 1*2 + 2*5 rows, zeros where l >= L_i
-    dense calls  einsum on (1, 2, H, D) x (1, 2, H, D); einsum on (2, 5, H, D) x (2, 5, H, D)
-    output       one gather of the valid (i, j) rows of both results, in sample order
+    dense calls  bmm on (1*H, 2, D) x (1*H, D, 2); bmm on (2*H, 5, D) x (2*H, D, 5)
+    output       buffer (slot, h, i, j) per bucket; one gather of the valid (i, j, h)
+                 elements of both results, in sample order
 
-Both directions are gathers through row maps whose inverses are known
-(:func:`padless.ops.kernels.layout.gather_rows`), so no backward scatters. A two-operand
-contraction whose gradients are contractions of the same form (``out,other->mine``) is one
-autograd node (:class:`_Contract`); others differentiate through the ops. The row maps,
-the bucket views and the result's structure are computed once per (operand structures,
-equation) from host metadata and cached, so a deep stack builds them once per batch.
+The scores' buffer is laid out in sample dim order (``(slot, h, i, j)``): when a static dim
+comes before a ragged last one (scores ``(H, L_i, L_i)`` stored as rows ``(i, j)`` of ``H``
+features), the maps read single elements, so no transposing copy of single elements runs on
+either side of the dense call (:func:`_elements_index`). Other buffers hold whole rows in
+storage order (``q (L_i, H, D)``; ``(I, H, J, C)`` rows ``(i, j)`` of ``H * C`` features,
+viewed permuted), read through one index per row. Both directions are gathers through maps
+whose inverses are known (:func:`padless.ops.kernels.layout.gather_rows`), so no backward
+scatters. The maps, the bucket views and the result's structure are computed once per
+(operand structures, equation) from host metadata and cached, so a deep stack builds them
+once per batch.
+
+The dense side lives in :mod:`padless.ops.pairs.bucket_nodes`: one ``bmm`` per bucket on
+permuted views; a two-operand contraction whose gradients are contractions of the same form
+(``out,other->mine``) is one autograd node (``_Contract``), others differentiate through the
+ops; and ``softmax(s) @ v`` written by hand (an operand that is the bucketed softmax's output
+over the dim the contraction sums, :func:`padless.ops.kernels.softmax.softmax_source`) is one
+node from ``s`` (``_SoftmaxContract``) whose backward turns the weights' gradient into
+``s``'s inside the padded buckets, so the softmax's own backward does not run.
 
 When one dense call per sample costs little next to the samples' work (cubic triangle
 products of large pair states on a CPU, where padding and re-laying out the results cost
@@ -32,8 +45,6 @@ more than the calls), :func:`contract` declines and the caller's per-sample loop
 from __future__ import annotations
 
 import collections
-import dataclasses
-import itertools
 import math
 from typing import Sequence
 
@@ -41,32 +52,26 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.amp import autocast_inputs
-from padless.ops.kernels.layout import RowMap, gather_rows, padding_maps, read_rows, size_buckets
+from padless.ops.kernels.layout import gather_rows, padding_maps, size_buckets
+from padless.ops.pairs.bucket_nodes import (  # _Contract, _SoftmaxContract: tests reach them here
+    _BATCH,
+    _buckets,
+    _Contract,
+    _flatten,
+    _Plan,
+    _softmax_operand,
+    _SoftmaxContract,
+)
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
-from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, envelope_from_sizes
+from padless.tensor.core import (
+    NestedTensor,
+    StructureMeta,
+    _is_traced,
+    envelope_from_sizes,
+)
 
 _LETTERS = "abcdefghijklmnopqrstuvwxy"
-_BATCH = "z"
-
-
-@dataclasses.dataclass(frozen=True)
-class _Plan:
-    """Everything a bucketed contraction needs that depends only on the structures."""
-
-    equation: str  # the dense equation, batch letter first in every term
-    buckets: list[tuple[int, dict[str, int]]]  # per bucket: sample count, padded extent per letter
-    pads: list[tuple[RowMap, RowMap]]  # per operand: its padded buffer's rows <-> its packed rows
-    packs: tuple[RowMap, RowMap]  # the concatenated bucket results' rows <-> the result's rows
-    splits: list[list[int]]  # per operand: buffer rows of every bucket
-    views: list[list[tuple[list[int], list[int] | None]]]  # per bucket, per operand: dense shape, permutation
-    out_perm: list[int]  # result of a bucket -> storage order
-    out_shapes: list[list[int]]  # per bucket: its result in storage order
-    grad_equations: list[str] | None  # per operand: its gradient's equation (fused backward), or None
-    out_ragged: tuple[int, ...]
-    out_static: tuple[int, ...]
-    structure: tuple  # (offsets, sizes, env, meta) of the result
-    keep: tuple  # the partners' metadata, kept alive so the cache key's ids stay theirs
 
 
 def _letter_extents(ins: Sequence[str], operands: Sequence[NestedTensor]) -> tuple[dict[str, Tensor], dict[str, int]] | None:
@@ -106,6 +111,42 @@ def _rows_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: str, t
     for d, c in zip(ragged, coords):
         flat = flat * env[letters[d]].index_select(0, bk) + c
     return start.index_select(0, bk) + slot_of.index_select(0, sid) * per_slot.index_select(0, bk) + flat, per_slot
+
+
+def _elements_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: str, total: int,
+                    bucket_of: Tensor, slot_of: Tensor, env: dict[str, Tensor], start: Tensor,
+                    static: dict[int, int]) -> tuple[Tensor, Tensor]:
+    """Flat buffer element of every packed element of one operand whose buffer is laid out in
+    sample dim order (``(slot, h, i, j)`` for ``(H, N_i, N_i)`` scores stored as rows ``(i, j)``
+    of ``H`` features): one gather per direction, no transposing copy. ``static``: extent of
+    every static dim. Returns the index (host, ``rows * features``) and the elements per slot
+    of each bucket."""
+    nbk = start.shape[0]
+    ext = [env[letters[d]] if d in ragged else torch.full((nbk,), static[d], dtype=torch.int64) for d in range(len(letters))]
+    strides: list[Tensor] = [torch.ones(nbk, dtype=torch.int64)] * len(letters)
+    acc = torch.ones(nbk, dtype=torch.int64)
+    for d in reversed(range(len(letters))):
+        strides[d] = acc
+        acc = acc * ext[d]
+    sid, coords = layout.row_coords(hs, ho, ragged, total)
+    bk = bucket_of.index_select(0, sid)
+    base = start.index_select(0, bk) + slot_of.index_select(0, sid) * acc.index_select(0, bk)
+    for d, c in zip(ragged, coords):
+        base = base + c * strides[d].index_select(0, bk)
+    off = torch.zeros(nbk, 1, dtype=torch.int64)  # per bucket: offset of every static element
+    for d in range(len(letters)):
+        if d not in ragged:
+            off = (off[:, :, None] + torch.arange(static[d])[None, None, :] * strides[d][:, None, None]).reshape(nbk, -1)
+    return (base[:, None] + off.index_select(0, bk)).reshape(-1), acc
+
+
+def _element_maps(ndim: int, ragged: Sequence[int]) -> bool:
+    """Whether an operand's buffer is read through element maps: its rows ``(ragged...,
+    static...)`` are not in sample dim order and its last dim is ragged, so the transposing
+    copy a row map would need moves single elements (scores ``(H, I, J)`` stored as rows
+    ``(i, j)`` of ``H`` features). When the last dim is static (``(I, H, J, C)``), whole
+    ``C``-blocks move: row maps (an index per row, not per element) and a permuted view."""
+    return tuple(layout.storage_order(ndim, ragged)) != tuple(range(ndim)) and (ndim - 1) in ragged
 
 
 CALL_COST = 300_000.0
@@ -169,24 +210,35 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _P
     counts = torch.tensor([len(ids) for ids in groups], dtype=torch.int64)
     dev = operands[0]._values.device
 
-    def index(hs, ho, ragged, s, total):
+    def index(hs, ho, ragged, s, total, static):
+        if _element_maps(len(s), ragged):  # buffer in sample dim order: maps over elements
+            per_slot = torch.ones(nbk, dtype=torch.int64)
+            for d in range(len(s)):
+                per_slot = per_slot * (env[s[d]] if d in ragged else static[d])
+            start = layout.offsets_from_counts(counts * per_slot)
+            idx, _ = _elements_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1], static)
+            return idx, start, True
         per_slot = torch.ones(nbk, dtype=torch.int64)
         for d in ragged:
             per_slot = per_slot * env[s[d]]
         start = layout.offsets_from_counts(counts * per_slot)
         idx, _ = _rows_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1])
-        return idx, start
+        return idx, start, False
 
-    pads, starts = [], []
+    pads, starts, flat = [], [], []
     for s, o in zip(ins, operands):
-        idx, start = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0])
+        static = {d: int(o._env[d]) for d in range(len(s)) if d not in o._ragged}
+        idx, start, fl = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0], static)
         pads.append(padding_maps(idx, int(start[-1]), dev))
         starts.append(start.tolist())
+        flat.append(fl)
     out_ragged = tuple(d for d, c in enumerate(out) if c in ragged_ext)
     out_hs = torch.stack([ragged_ext[c] if c in ragged_ext else torch.full((b,), static_ext[c], dtype=torch.int64)
                           for c in out], 1) if out else torch.zeros(b, 0, dtype=torch.int64)
     out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, out_ragged))
-    gather, out_start = index(out_hs, out_ho, out_ragged, out, int(out_ho[-1]))
+    gather, out_start, out_flat = index(out_hs, out_ho, out_ragged, out, int(out_ho[-1]),
+                                        {d: static_ext[c] for d, c in enumerate(out) if d not in out_ragged})
+    flat.append(out_flat)
     packs = padding_maps(gather, int(out_start[-1]), dev)
     out_static = tuple(static_ext[c] for d, c in enumerate(out) if d not in out_ragged)
     env_out = envelope_from_sizes(out_hs, out_ragged, out_static)
@@ -195,14 +247,15 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _P
                  env_out, StructureMeta(out_hs, out_ho))
     per_bucket = [(int(counts[k]), {**{c: int(env[c][k]) for c in letters}, **static_ext}) for k in range(nbk)]
     equation = ",".join(_BATCH + s for s in ins) + "->" + _BATCH + out
-    views = [[_view(o, s, nb, ext) for s, o in zip(ins, operands)] for nb, ext in per_bucket]
-    out_order = layout.storage_order(len(out), out_ragged)
+    views = [[_view(o, s, nb, ext, fl) for s, o, fl in zip(ins, operands, flat)] for nb, ext in per_bucket]
+    out_order = list(range(len(out))) if out_flat else layout.storage_order(len(out), out_ragged)
     out_perm = [0, *[1 + d for d in out_order]]
     out_shapes = [[nb, *[ext[out[d]] for d in out_order]] for nb, ext in per_bucket]
     splits = [[b_ - a_ for a_, b_ in zip(st[:-1], st[1:])] for st in starts]
-    return _Plan(equation, per_bucket, pads, packs, splits, views, out_perm, out_shapes,
+    return _Plan(equation, per_bucket, pads, packs, splits, flat, views, out_perm, out_shapes,
                  _grad_equations(ins, out, operands), out_ragged,
-                 out_static, structure, tuple(o._meta for o in operands[1:]))
+                 out_static, structure, tuple(o._meta for o in operands[1:]), int(out_ho[-1]),
+                 tuple(s[o._ragged[-1]] if o._ragged else "" for s, o in zip(ins, operands)))
 
 
 def _grad_equations(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> list[str] | None:
@@ -221,9 +274,10 @@ def _grad_equations(ins: Sequence[str], out: str, operands: Sequence[NestedTenso
     return [f"{_BATCH}{out},{_BATCH}{y}->{_BATCH}{x}", f"{_BATCH}{out},{_BATCH}{x}->{_BATCH}{y}"]
 
 
-def _view(nt: NestedTensor, letters: str, nb: int, ext: dict[str, int]) -> tuple[list[int], list[int] | None]:
-    """Shape of one bucket's rows of an operand's buffer, and the permutation to sample order."""
-    order = layout.storage_order(nt.sample_dim, nt._ragged)
+def _view(nt: NestedTensor, letters: str, nb: int, ext: dict[str, int], flat: bool = False) -> tuple[list[int], list[int] | None]:
+    """Shape of one bucket's rows of an operand's buffer, and the permutation to sample order
+    (none for a buffer laid out in sample order, ``flat``)."""
+    order = list(range(nt.sample_dim)) if flat else layout.storage_order(nt.sample_dim, nt._ragged)
     shape = [nb, *[ext[letters[d]] if d in nt._ragged else int(nt._env[d]) for d in order]]
     inv = layout.inverse_order(order)
     return shape, ([0, *[1 + p for p in inv]] if inv != list(range(len(inv))) else None)
@@ -265,92 +319,20 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
     if plan is None:
         return None
     vals = [values_of(o) for o in operands]
-    if plan.grad_equations is not None:  # one autograd node for the whole contraction
+    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None else None
+    if fused is not None:  # softmax(x) @ v: one node from x, its backward in the buckets
+        j, x, y = fused
+        other = vals[1 - j]
+        packed = _SoftmaxContract.apply(plan, j, x, other, y.detach())
+    elif plan.grad_equations is not None:  # one autograd node for the whole contraction
         with autocast_inputs(*vals) as vals:  # under autocast: its dtype, one dtype in backward
             packed = _Contract.apply(plan, *vals)
     else:
-        bufs = [gather_rows(v, to_buf, to_rows) for v, (to_buf, to_rows) in zip(vals, plan.pads)]
+        bufs = [gather_rows(_flatten(v, fl), to_buf, to_rows) for v, (to_buf, to_rows), fl in zip(vals, plan.pads, plan.flat)]
         packed = gather_rows(_buckets(plan, bufs), plan.packs[1], plan.packs[0])
+        packed = packed.view(plan.out_rows, *plan.out_static) if plan.flat[-1] else packed
     offsets, sizes, env_out, meta = plan.structure
     return nested_from_values(packed, offsets, sizes, plan.out_ragged, env_out, meta)
-
-
-def _dense(plan: _Plan, bufs: Sequence[Tensor]) -> list[list[Tensor]]:
-    """Per bucket, every operand's padded samples ``(nb, *sample)`` (views of its buffer)."""
-    # one split per buffer (its backward is one cat; a narrow per bucket would zero-fill the
-    # whole buffer's gradient once per bucket)
-    pieces = [buf.split(sp) for buf, sp in zip(bufs, plan.splits)]
-    out = []
-    for k, views in enumerate(plan.views):
-        dense = []
-        for pc, (shape, perm) in zip(pieces, views):
-            x = pc[k].view(shape)
-            dense.append(x.permute(perm) if perm is not None else x)
-        out.append(dense)
-    return out
-
-
-def _buckets(plan: _Plan, bufs: Sequence[Tensor]) -> Tensor:
-    """The dense contraction of every bucket, as rows (storage order) one bucket after another."""
-    parts = [torch.einsum(plan.equation, *dense).permute(plan.out_perm) for dense in _dense(plan, bufs)]
-    if torch.is_grad_enabled() and any(p.requires_grad for p in parts):
-        parts = [p.reshape(-1, *plan.out_static) for p in parts]
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
-    return _join(parts, plan.out_static)
-
-
-def _join(parts: Sequence[Tensor], static: Sequence[int]) -> Tensor:
-    """Strided bucket results copied once into one buffer of rows (no reshape copy + cat)."""
-    rows = [math.prod(p.shape) // max(math.prod(static), 1) for p in parts]
-    out = parts[0].new_empty((sum(rows), *static))
-    for p, lo, n in zip(parts, itertools.accumulate([0] + rows), rows):
-        out[lo:lo + n].view(p.shape).copy_(p)
-    return out
-
-
-class _Contract(torch.autograd.Function):
-    """A two-operand bucketed contraction as one autograd node: forward and backward each
-    gather into the padded buckets, run one dense ``einsum`` per bucket and operand, and
-    gather back (the gradients are contractions of the same form, ``out,other->mine``).
-    The backward is written with differentiable ops on the saved inputs, so double
-    backward works."""
-
-    @staticmethod
-    def forward(ctx, plan: _Plan, a: Tensor, b: Tensor) -> Tensor:
-        ctx.plan = plan
-        bufs = [read_rows(v, to_buf, 0.0) for v, (to_buf, _) in zip((a, b), plan.pads)]
-        ctx.save_for_backward(a, b, *bufs)
-        return read_rows(_buckets(plan, bufs), plan.packs[1], 0.0)
-
-    @staticmethod
-    def backward(ctx, g: Tensor):
-        plan = ctx.plan
-        a, b, *bufs = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: the buffers again, as functions of a and b
-            bufs = [read_rows(v, to_buf, 0.0) for v, (to_buf, _) in zip((a, b), plan.pads)]
-        gbuf = read_rows(g.contiguous(), plan.packs[0], 0.0)
-        gparts = gbuf.split([math.prod(shape) // math.prod(plan.out_static) for shape in plan.out_shapes])
-        inv_out = layout.inverse_order(plan.out_perm)
-        grads: list[list[Tensor]] = [[], []]
-        for k, dense in enumerate(_dense(plan, bufs)):
-            gk = gparts[k].view(plan.out_shapes[k]).permute(inv_out)
-            for j, need in enumerate(ctx.needs_input_grad[1:]):
-                if not need:
-                    continue
-                gj = torch.einsum(plan.grad_equations[j], gk, dense[1 - j])
-                shape, perm = plan.views[k][j]
-                grads[j].append(gj.permute(layout.inverse_order(perm)) if perm is not None else gj)
-        out = [None, None]
-        for j, parts in enumerate(grads):
-            if parts:
-                static = (a, b)[j].shape[1:]
-                if torch.is_grad_enabled():  # double backward: differentiable ops
-                    parts = [p.reshape(-1, *static) for p in parts]
-                    rows = torch.cat(parts) if len(parts) > 1 else parts[0]
-                else:
-                    rows = _join(parts, static)
-                out[j] = read_rows(rows, plan.pads[j][1], 0.0)
-        return None, out[0], out[1]
 
 
 def _rename(ins: Sequence[str], out: str) -> tuple[list[str], str]:
