@@ -381,18 +381,21 @@ def main() -> None:
             print(f"| {name} | {statistics.median(times['padded']) / 1e3:.1f} | "
                   f"{statistics.median(times['padless']) / 1e3:.1f} | {statistics.median(ratios):.2f}x |", flush=True)
     if args.counts:
+        from padless.ops.common import sample_views
         from padless.ops.kernels import softmax as ks
         from padless.ops.pairs import bucketed
 
-        cpu_price, cpu_limit = bucketed.SAMPLE_CALL_COST, ks.BUCKET_LIMIT
-        for label, price, limit in (("CPU prices", cpu_price, cpu_limit),
-                                    ("accelerator prices (a call per sample = launches)", bucketed.SAMPLE_CALL_COST_DEVICE, 1 << 40)):
-            bucketed.SAMPLE_CALL_COST, ks.BUCKET_LIMIT = price, limit
+        cpu_price, cpu_limit, cpu_views = bucketed.SAMPLE_CALL_COST, ks.BUCKET_LIMIT, sample_views.MAX_SAMPLES
+        for label, price, limit, views in (
+                ("CPU prices", cpu_price, cpu_limit, cpu_views),
+                # on an accelerator: buckets everywhere, and no per-sample views (a launch per sample)
+                ("accelerator prices (a call per sample = launches)", bucketed.SAMPLE_CALL_COST_DEVICE, 1 << 40, 0)):
+            bucketed.SAMPLE_CALL_COST, ks.BUCKET_LIMIT, sample_views.MAX_SAMPLES = price, limit, views
             c4 = op_count(layer, Batch(lengths(random.Random(4), 4, args.lo, args.hi), args.cs, args.cz, 4))
             c16 = op_count(layer, Batch(lengths(random.Random(16), 16, args.lo, args.hi), args.cs, args.cz, 16))
             print(f"\naten ops per padless layer step, {label}: B=4 {c4[0]}, B=16 {c16[0]} (ratio {c16[0] / c4[0]:.2f}); "
                   f"top-level: B=4 {c4[1]}, B=16 {c16[1]} (ratio {c16[1] / c4[1]:.2f})")
-        bucketed.SAMPLE_CALL_COST, ks.BUCKET_LIMIT = cpu_price, cpu_limit
+        bucketed.SAMPLE_CALL_COST, ks.BUCKET_LIMIT, sample_views.MAX_SAMPLES = cpu_price, cpu_limit, cpu_views
     if args.profile:  # the whole layer, or the one piece asked for
         profile(layer, batches[0], 15, pieces[0] if len(pieces) == 1 else "layer")
 
