@@ -66,19 +66,16 @@ def prepare_for_compile(
     levels: Sequence[AxisMap | tuple[AxisMap, AxisMap]] = (),
     patch: Patch | Sequence[Patch] | None = None,
 ) -> NestedTensor:
-    """Make ``images`` ``(C, H_i, W_i)`` ready for a compiled CNN (``torch.compile(fullgraph=True)``).
+    """Optional since any geometry compiles without preparation: carry ``images``' host sides
+    into compiled graphs now (every image batch with host sizes does so by itself when it enters
+    a graph; a batch built on a device without host sizes reads them here, once, instead of at
+    its first spatial op inside the graph).
 
-    Strided layers create image sizes whose pixel counts ``sum_i oh_i * ow_i`` the compiler
-    must see as symbols, not data: this carries, on the batch's structure, one map per
-    image-size level (see :mod:`padless.ops.vision.compiled`). ``strides`` adds
-    ``ceil(H_i/s) x ceil(W_i/s)`` for each ``s``, the sizes after "same"-padded stride-``s``
-    stacks (ResNets, FCNs); ``levels`` adds other :class:`AxisMap` levels (``AxisMap(1, -2, 1)``:
-    ``n - 2``, an unpadded 3x3 layer); ``patch`` (``p``, ``(ph, pw)`` or a list of them) adds
-    what :func:`padless.patchify` and kernel == stride convolutions need. Layers of stride 1
-    that keep the size, integer upsampling and ``F.interpolate(y, size=images)`` need no map.
-    Call it outside the compiled function, once per batch (cheap host work; a Collator
-    worker can call it); returns ``images``. A layer whose level is missing raises under
-    compile, naming the level to add.
+    ``strides`` and ``levels`` are accepted for compatibility and only checked (see
+    :mod:`padless.ops.vision.compiled`: output sizes are computed in the graph from the host
+    sides, row counts are unbacked symbols). ``patch`` (``p``, ``(ph, pw)`` or a list of them)
+    carries the token envelope ``max_i N_i`` that :func:`padless.patchify` needs under compile
+    (a size of the structure, which a symbol read from data cannot be). Returns ``images``.
 
     >>> x = prepare_for_compile(padless.from_list([torch.randn(3, 40, 56), torch.randn(3, 33, 17)]))
     >>> logits = torch.compile(resnet, fullgraph=True)(x)

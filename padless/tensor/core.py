@@ -196,9 +196,9 @@ class NestedTensor(Tensor):
     def __tensor_unflatten__(inner: dict, ctx: tuple, outer_size: Sequence, outer_stride: Sequence) -> "NestedTensor":
         ragged = ctx[0]
         meta = StructureMeta()
+        dev = inner["_values"].device  # keyed by the values' device (a carried map may live on the CPU)
         for k in ctx[1] if len(ctx) > 1 else ():
-            t = inner["_" + k]
-            meta.derived[(k, t.device)] = t
+            meta.derived[(k, dev)] = inner["_" + k]
         return NestedTensor(
             inner["_values"], inner["_offsets"], inner["_sizes"], ragged, tuple(outer_size[1:]), meta
         )
@@ -499,7 +499,7 @@ class _ValuesView(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        if any(st == 0 and n > 1 for st, n in zip(grad.stride(), grad.shape)):
+        if any(st == 0 and (n > 1 if type(n) is int else torch.fx.experimental.symbolic_shapes.guard_or_true(n > 1)) for st, n in zip(grad.stride(), grad.shape)):
             # e.g. the expanded ones of ``values().sum()``: autograd may keep this gradient as a
             # leaf's ``.grad`` and accumulate into it in place, which an overlapping buffer refuses
             grad = grad.contiguous()

@@ -126,7 +126,7 @@ def test_native_cnn_classifier_and_segmenter_train_in_one_graph(backend):
 
     batches = [(_sizes(i, b, 8, 28), i) for i, b in enumerate(BATCHES)]
     bufs = lambda: [b for n, b in mods.named_buffers() if "running" in n]  # noqa: E731
-    # no preparation: the plain batches carry the default strided levels when they enter the graph
+    # no preparation: the plain batches carry their host sides when they enter the graph
     _check_against_eager(step, list(mods.parameters()), batches, prepare=lambda x: x, backend=backend,
                          dtype=torch.float64, atol=1e-9, rtol=1e-9, buffers=bufs)
 
@@ -239,35 +239,42 @@ def _traced(fn, x):
     return torch.compile(fn, backend="eager", fullgraph=True)(x)
 
 
-def test_strided_layer_without_its_map_names_the_level_to_prepare():
-    x, _ = image_batch([(9, 12), (5, 7)])  # carries the default strides 2..32 on entry, not 3
-    with pytest.raises(Exception, match=r"carries no map 'image_rows_h1p2d3_w1p2d3'.*prepare_for_compile\(images, strides="):
-        _traced(lambda t: F.conv2d(t, torch.ones(2, 3, 3, 3), stride=3, padding=1), x)
-
-
-def test_a_plain_image_batch_carries_the_default_strided_levels_when_it_enters_a_graph():
+def test_a_strided_layer_compiles_without_preparation():
+    """Stride 3 used to need a prepared level: its sizes are now computed in the graph."""
     x, _ = image_batch([(9, 12), (5, 7)])
-    assert not any(isinstance(k, tuple) and str(k[0]).startswith("image_rows_") for k in x._meta.derived)
+    w = torch.ones(2, 3, 3, 3)
+    out = _traced(lambda t: F.conv2d(t, w, stride=3, padding=1), x)
+    ref = F.conv2d(x, w, stride=3, padding=1)
+    assert out.sizes().tolist() == ref.sizes().tolist() == [[2, 3, 4], [2, 2, 3]]
+    assert_close_samples(out, list(ref.unbind()))
+
+
+def test_a_plain_image_batch_carries_its_host_sides_when_it_enters_a_graph():
+    x, _ = image_batch([(9, 12), (5, 7)])
+    assert not any(isinstance(k, tuple) and k[0] == "image_host_hw" for k in x._meta.derived)
     out = _traced(lambda t: F.conv2d(t, torch.ones(2, 3, 3, 3), stride=2, padding=1), x)
     ref = F.conv2d(x, torch.ones(2, 3, 3, 3), stride=2, padding=1)
     assert out.sizes().tolist() == ref.sizes().tolist() == [[2, 5, 6], [2, 3, 4]]
     assert_close_samples(out, list(ref.unbind()))
     names, _ = x.__tensor_flatten__()
-    assert "_image_rows_h1p1d2_w1p1d2" in names and "_image_rows_h1p31d32_w1p31d32" in names
+    assert "_image_host_hw" in names and not any(n.startswith("_image_rows_") for n in names)
+    assert x._image_host_hw.device.type == "cpu" and x._image_host_hw.tolist() == [[9, 12], [5, 7]]
 
 
-def test_ceil_mode_pooling_is_refused_under_compile():
-    x, _ = image_batch([(9, 12), (5, 7)])
-    with pytest.raises(Exception, match=r"max_pool2d\(\): ceil_mode=True is not supported under torch.compile"):
-        _traced(lambda t: F.max_pool2d(t, 3, 2, ceil_mode=True), prepare_for_compile(x))
+def test_ceil_mode_pooling_compiles():
+    x, _ = image_batch([(9, 12), (5, 7), (1, 2)])
+    out = _traced(lambda t: F.max_pool2d(t, 2, ceil_mode=True), prepare_for_compile(x))
+    ref = F.max_pool2d(x, 2, ceil_mode=True)
+    assert out.sizes().tolist() == ref.sizes().tolist() and tuple(out.shape) == tuple(ref.shape)
+    assert_close_samples(out, list(ref.unbind()))
 
 
-def test_interpolate_under_compile_refuses_inexact_scales_and_per_image_lists():
+def test_interpolate_under_compile_refuses_inexact_scales_and_size_tensors():
     x, _ = image_batch([(9, 12), (5, 7)])
     with pytest.raises(Exception, match=r"scale_factor must be an integer or a fraction over a power of two"):
         _traced(lambda t: F.interpolate(t, scale_factor=1 / 3), x)
-    with pytest.raises(Exception, match=r"per-image lists and tensors are host data"):
-        _traced(lambda t: F.interpolate(t, size=[(3, 3), (4, 4)]), x)
+    with pytest.raises(Exception, match=r"a size tensor is data whose largest entry"):
+        _traced(lambda t: F.interpolate(t, size=torch.tensor([(3, 3), (4, 4)])), x)
 
 
 def test_patches_under_compile_need_the_patch_maps_and_the_image_batch():
@@ -290,15 +297,17 @@ def test_prepare_for_compile_refuses_what_it_cannot_serve():
         AxisMap(1, 0, 0)
 
 
-def test_island_refuses_maps_of_another_batch_and_keeps_torch_errors():
-    """The opaque op checks the row count the maps promised (a batch prepared for other sizes),
-    and an image the layer cannot run on gets eager's error, naming the image."""
+def test_island_checks_the_promised_row_count_and_keeps_torch_errors():
+    """The opaque op checks the row count computed from the host sides (sides that do not
+    belong to the batch), and an image the layer cannot run on gets eager's error, naming it."""
     from padless.ops.vision.compiled import image_island
 
     x, _ = image_batch([(9, 12), (5, 7)])
     spec = repr((2, 1, 1, 1, False))
-    with pytest.raises(StructureError, match=r"the carried maps promised 10 output rows"):
-        image_island("conv2d", spec, x._values, x._sizes, x._offsets, [1, 2], [torch.ones(2, 3, 3, 3)], 10, [2])
+    hw = torch.tensor([[9, 12], [5, 7]])
+    with pytest.raises(StructureError, match=r"the host sizes gave 10 output rows"):
+        image_island("conv2d", spec, x._values, x._sizes, x._offsets, [1, 2], hw, [torch.ones(2, 3, 3, 3)], 10, [2])
     e, _ = image_batch([(5, 6), (0, 0)])
     with pytest.raises(RuntimeError, match=r"conv2d\(\): image 1 of shape \(3, 0, 0\) is too small for this layer"):
-        image_island("conv2d", spec, e._values, e._sizes, e._offsets, [1, 2], [torch.ones(2, 3, 3, 3)], 9, [2])
+        image_island("conv2d", spec, e._values, e._sizes, e._offsets, [1, 2], torch.tensor([[5, 6], [0, 0]]),
+                     [torch.ones(2, 3, 3, 3)], 9, [2])

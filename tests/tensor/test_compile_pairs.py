@@ -274,3 +274,20 @@ def test_separately_built_structures_are_compared_when_the_graph_runs():
     # broadcasting an extent of 1 works eagerly only; the compiled message says so
     with pytest.raises(ValueError, match=r"sample 0 has \(1, 3\), other has \(3, 3\) \(an extent of 1 broadcasts "):
         f(mk([1, 3]), mk([3, 1]))
+
+
+@pytest.mark.skipif(not INDUCTOR, reason="inductor compile: ~20 s; PADLESS_COMPILE_INDUCTOR=1 runs it")
+def test_pair_count_past_4096_does_not_recompile():
+    """Pair row counts are unbacked symbols (ops.common.carried): the CPU code generator's
+    size-class specialisation at 4096 elements used to cost one recompile."""
+    lin = torch.nn.Linear(4, 4)
+
+    def f(x):
+        return lin(x.unsqueeze(2) + x.unsqueeze(1)).relu().sum(dim=2)
+
+    cnt = CompileCounterWithBackend("inductor")
+    cf = torch.compile(f, backend=cnt, fullgraph=True)
+    for i, ns in enumerate(([10, 20, 30], [12, 25], [40, 50, 30], [3, 70, 5])):  # sum N^2: 1400 ... 5000
+        x = padless.from_list(_samples(ns, 4, i))
+        assert_close_samples(cf(x), list(f(x).unbind()), **TOL)
+    assert cnt.frame_count == 1

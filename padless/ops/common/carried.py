@@ -51,6 +51,7 @@ Layout of the maps for ``x`` with samples ``(N_i, C)`` (``N = 2, 1``, offsets ``
 
 from __future__ import annotations
 
+import sys
 from typing import Sequence
 
 import torch
@@ -73,10 +74,22 @@ PAIR_GROUPS = "pair_groups"  # on a traced pair structure: (rows_a, rows_b, oper
 
 def size_carrier(rows: int, device: torch.device | str) -> Tensor:
     """A ``(rows,)`` tensor of stride 0 over one byte: carries the number ``rows`` into a
-    compiled graph as a symbolic size (marked dynamic, so it never specialises)."""
+    compiled graph as a symbolic size (marked unbacked, so it never specialises)."""
     t = torch.empty(1, dtype=torch.uint8, device=device).expand(rows)
-    _weak_dynamic(t, {0})
+    _as_count(t)
     return t
+
+
+def _as_count(t: Tensor) -> None:
+    """Mark a carrier's length unbacked: a symbol with no size classes, so a count passing a
+    threshold the compiler specialises on (4096 in the CPU code generator) does not recompile.
+    Dynamo is not imported for it (a Collator worker makes carriers): a carrier made before
+    Dynamo loads is weakly dynamic until :func:`auto_carriers` marks it when it enters a graph."""
+    decorators = sys.modules.get("torch._dynamo.decorators")
+    if decorators is None:
+        _weak_dynamic(t, {0})
+    elif 0 not in getattr(t, "_dynamo_unbacked_indices", ()):
+        decorators.mark_unbacked(t, 0)
 
 
 @register_auto_carrier
@@ -87,11 +100,14 @@ def auto_carriers(nt: NestedTensor) -> None:
     does nothing when the batch has none (device-built batches: no sync is paid) or when
     the carriers are already cached."""
     m = nt._meta
+    d = m.derived
+    dev = nt._values.device
+    for name in (PAIR_COUNT, RECT_COUNT, *DROP_COUNT):
+        if (name, dev) in d:
+            _as_count(d[(name, dev)])
     hs = m.host_sizes
     if hs is None:
         return
-    d = m.derived
-    dev = nt._values.device
     ragged = nt._ragged
     if len(ragged) == 1:
         if (PAIR_COUNT, dev) not in d:

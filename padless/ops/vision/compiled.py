@@ -1,52 +1,66 @@
-"""Convolution, pooling, resampling and patches under ``torch.compile``.
+"""Convolution, pooling, padding, resampling and patches under ``torch.compile``.
 
 Eagerly, every spatial op plans its dense work from the images' host sizes (a
 :class:`~padless.ops.vision.spatial.SpatialPlan`, shape groups, patch permutations) and learns
-its output row count ``sum_i oh_i * ow_i`` from them. Inside a compiled graph the sizes
-are runtime data, so the design, in one place:
+its output row count ``sum_i oh_i * ow_i`` from them. Inside a compiled graph the design, in
+one place:
 
-* **Row counts are sizes of carried maps.** Before the compiled region,
-  :func:`prepare_images_for_compile` (``padless.vision.prepare_for_compile``) builds, for
-  every image-size *level* the network reaches, a map with one entry per pixel of that
-  level (the pixel's sample id) and caches it on the batch's structure under a name
-  declared with :func:`padless.tensor.core.register_carried`. The compiler sees each
-  map's length as a symbol. A level is a per-axis size map ``n -> floor((mul*n + add) /
-  div)`` relative to the prepared batch: a stride-2 "same" convolution gives
-  ``ceil(n/2) = floor((n+1)/2)``, the ResNet stem plus its max pool ``ceil(n/4)``.
-* **Levels compose.** Every traced image structure records its level; a layer of
-  geometry ``(k, s, p, d)`` maps ``m -> floor((m + p0 + p1 - d(k-1) - 1 + s) / s)``, and
-  ``floor((floor((M n + a)/S) + c)/s) = floor((M n + a + cS)/(S s))``, so the output level
-  (and therefore the map that holds its row count) is known at trace time. Ops whose row
-  count is an exact multiple of the input's (stride 1 "same" layers, integer upsampling,
-  pixel shuffles, patches of exact multiples, ``size=images``) need no map.
-* **The dense work is an opaque op.** ``padless::image_island`` runs the eager handler
-  itself (the same plan, the same kernels, so compiled equals eager) on a NestedTensor
-  rebuilt from the inner tensors at run time; its fake implementation only states the
-  output shape ``(rows, *static)``, with ``rows`` the symbol above. Its backward
-  (``padless::image_island_backward``) is convolution's own backward on the plan's
-  canvas for ``conv2d``, and for the other ops a vector-Jacobian product of the eager op
-  recomputed from the saved input (they are cheap next to the convolutions).
-* Output sizes, offsets and envelopes are tensor arithmetic on the input's sizes (the
+* **The host sizes enter the graph.** An image batch ``(C, H_i, W_i)`` (any batch whose last
+  two sample dims are ragged) carries its host sides ``(H_i, W_i)`` as a small CPU int64
+  tensor ``(B, 2)``, flattened as an extra inner tensor (``image_host_hw``, declared with
+  :func:`padless.tensor.core.register_carried`; made from host metadata when the batch is
+  flattened for the graph, no preparation call). A batch built on a device without host sizes
+  reads them once, at its first spatial op, inside the graph.
+* **Output sizes are CPU tensor arithmetic in the graph**: the eager size rule of the layer
+  (any kernel, stride, padding, dilation, ceil mode, pads, per-image targets) on the input's
+  host sides gives the output's host sides.
+* **The row count is an unbacked symbol**: ``sum_i oh_i * ow_i`` read with ``.item()`` from that
+  CPU tensor (no device sync, no recompile: the compiler knows only that it is ``>= 0``).
+  One mechanism for every data-dependent row count; there is no menu of prepared sizes.
+* **Equal sizes share one symbol.** Each traced image structure keeps a record: its host
+  sides, its rows and its *level*, the size map from the batch that entered the graph. A
+  layer of geometry ``(k, s, p, d)`` maps ``m -> floor((m + p0 + p1 - d(k-1) - 1 + s) / s)``,
+  and ``floor((floor((M n + a)/S) + c)/s) = floor((M n + a + cS)/(S s))``, so two paths that
+  reach the same sizes (a ResNet block's strided conv and its strided 1x1 shortcut) reach
+  the same :class:`AxisMap` level, and the second reuses the first's sides and row symbol:
+  adding the two needs no runtime check. Layers whose rule is not of that form (ceil mode,
+  per-image targets) get a level named after the layer and its input's level.
+* **Shapes read from a batch name its images.** ``F.interpolate(x, size=skip.shape[2:])`` gets
+  the envelope's symbols; each record registers its envelope symbols, so the traced op finds
+  ``skip``'s images and brings image i of ``x`` to image i of ``skip``, as eagerly (where the
+  shape's entries are :class:`~padless.tensor.extents.Extent` ints). A symbol the graph cannot
+  map back to images (arithmetic such as ``skip.shape[-1] // 3``, or the shape of a NestedTensor
+  input no spatial op has seen) is refused, naming ``size=skip`` instead, never read as the
+  envelope. Per-image lists of ``(h, w)`` are constants of the graph.
+* **The dense work is an opaque op.** ``padless::image_island`` runs the eager handler itself
+  (the same plan, the same kernels, so compiled equals eager) on a NestedTensor rebuilt at
+  run time from the inner tensors and the host sides (no device read); its fake
+  implementation only states the output shape ``(rows, *static)``. Its backward
+  (``padless::image_island_backward``) is convolution's own backward on the plan's canvas for
+  ``conv2d``, and for the other ops a vector-Jacobian product of the eager op recomputed from
+  the saved input (they are cheap next to the convolutions).
+* Device sizes, offsets and envelopes are tensor arithmetic on the input's device sizes (the
   eager size rule, evaluated in the graph) and symbolic arithmetic on its envelope.
 
-Layout of the maps for images ``(3, 5, 7)`` and ``(3, 2, 2)`` prepared with
-``strides=(2,)`` (level ``ceil(n/2)`` on both axes: ``(3, 4)`` and ``(1, 1)``)::
+Layout for images ``(3, 5, 7)`` and ``(3, 2, 2)`` through ``nn.MaxPool2d(2)``::
 
-    image_rows_h1p1d2_w1p1d2   [0 0 0 0 0 0 0 0 0 0 0 0 1]     sample id of every pixel
+    image_host_hw (input)   [[5, 7], [2, 2]]     CPU int64, a graph input
+    host sides (output)     [[2, 3], [1, 1]]     floor(n / 2), CPU arithmetic in the graph
+    rows                    u0 = 2*3 + 1*1       .item() of CPU data: an unbacked symbol (7 at run time)
 
-A plain image batch (host sizes known) that enters a compiled graph without maps gets the
-default levels ``ceil(n / s)`` for ``s`` in 2..32 (:func:`auto_image_maps`, run when the batch
-is flattened for the graph), so ResNet-style CNNs compile with no preparation step. A layer
-whose level has no map raises under ``torch.compile``, naming the level and the
-``prepare_for_compile`` call that provides it.
+:func:`prepare_images_for_compile` (``padless.vision.prepare_for_compile``) is no longer needed;
+it carries the host sides now (one read for a batch built on a device) and accepts its former
+arguments.
 """
 
 from __future__ import annotations
 
 import ast
 import collections
+import contextlib
 import dataclasses
 import functools
+import weakref
 from typing import Any, Callable, Iterable, Sequence
 
 import torch
@@ -68,12 +82,10 @@ from padless.tensor.traced import autograd_inside_op
 
 __all__ = ["AxisMap", "prepare_images_for_compile", "image_island"]
 
-MAP_PREFIX = "image_rows_"
-LEVEL = "image_level"  # on a traced image structure: (AxisMap, AxisMap) relative to the prepared batch, or None
-ROOT_ROWS = "image_root_rows"  # on a traced image structure: the prepared batch's row count (a symbol)
-for _k in (LEVEL, ROOT_ROWS):  # ops that keep the rows (relu, batch norm, linear) keep these records
-    if _k not in ROW_LEVEL_KEYS:
-        ROW_LEVEL_KEYS.append(_k)
+HOST_HW = register_carried("image_host_hw")  # CPU int64 (B, 2): every image's (H_i, W_i)
+RECORD = "image_record"  # on a traced image structure: its _Record
+if RECORD not in ROW_LEVEL_KEYS:  # ops that keep the rows (relu, batch norm, linear) keep the record
+    ROW_LEVEL_KEYS.append(RECORD)
 
 
 # ------------------------------------------------------------------ levels
@@ -82,7 +94,7 @@ for _k in (LEVEL, ROOT_ROWS):  # ops that keep the rows (relu, batch norm, linea
 @dataclasses.dataclass(frozen=True)
 class AxisMap:
     """One axis' size map ``n -> floor((mul * n + add) / div)``, kept in a canonical form
-    (so two layers stacks reaching the same sizes share one map)."""
+    (so two layer stacks reaching the same sizes share one level)."""
 
     mul: int = 1
     add: int = 0
@@ -142,17 +154,6 @@ Level = tuple[AxisMap, AxisMap]
 IDENTITY: Level = (AxisMap(), AxisMap())
 
 
-def map_name(level: Level) -> str:
-    return f"{MAP_PREFIX}h{level[0].tag}_w{level[1].tag}"
-
-
-def _level_rows(hw: Tensor, level: Level) -> Tensor:
-    """Host pixel count per image at ``level`` (0 for empty images or a vanished side)."""
-    h, w = level[0](hw[:, 0]), level[1](hw[:, 1])
-    live = (hw[:, 0] > 0) & (hw[:, 1] > 0)
-    return torch.where(live, h * w, torch.zeros_like(h))
-
-
 def _as_level(op: str, entry: Any) -> Level:
     if isinstance(entry, AxisMap):
         return (entry, entry)
@@ -168,106 +169,203 @@ def _as_level(op: str, entry: Any) -> Level:
     )
 
 
-#: The strided levels a ResNet-style CNN reaches (``ceil(n / s)``), carried by default.
-DEFAULT_STRIDES = (2, 4, 8, 16, 32)
+def _is_image_like(nt: NestedTensor) -> bool:
+    """Samples whose last two dims are their ragged dims: images ``(C, H_i, W_i)``, masks ``(H_i, W_i)``."""
+    sd = nt.sample_dim
+    return sd >= 2 and nt._ragged == (sd - 2, sd - 1)
 
 
 def prepare_images_for_compile(
-    images: NestedTensor, strides: Iterable[Any] = DEFAULT_STRIDES, levels: Iterable[Any] = ()
+    images: NestedTensor, strides: Iterable[Any] = (), levels: Iterable[Any] = ()
 ) -> NestedTensor:
-    """Carry, on ``images``' structure, the row maps of the image sizes a compiled CNN reaches.
+    """Carry ``images``' host sides into compiled graphs (what every image batch with host sizes
+    does by itself when it enters one; a batch built on a device reads its sizes here, once).
 
-    ``strides``: each ``s`` (or ``(sh, sw)``) adds the level ``ceil(H_i / s) x ceil(W_i / s)``,
-    what stride-``s`` stacks of "same"-padded layers give (a ResNet's stem ``7x7/2 pad 3`` and
-    max pool ``3x3/2 pad 1`` reach ``ceil(n/2)`` and ``ceil(n/4)``). ``levels``: other
-    :class:`AxisMap` s (one for both axes, or a pair), e.g. ``AxisMap(1, -2, 1)`` for an
-    unpadded 3x3 layer. Call it outside the compiled function (or in the collate worker);
-    returns ``images``. The maps cost one int64 per pixel of each level."""
+    ``strides`` and ``levels`` are accepted for compatibility and only checked: any geometry
+    compiles without preparation (see the module doc). Returns ``images``."""
     op = "prepare_for_compile"
     if not isinstance(images, NestedTensor) or images.sample_dim != 3 or images._ragged != (1, 2):
         got = f"samples of rank {images.sample_dim} with ragged dims {images._ragged}" if isinstance(images, NestedTensor) else type(images).__name__
         raise StructureError(f"{op}(): expected images (C, H_i, W_i) with ragged sample dims (1, 2), got {got}")
-    hw = images.host_sizes()[:, 1:]
-    dev = images._values.device
     for entry in [*strides, *levels]:
-        level = _as_level(op, entry)
-        if level == IDENTITY:
-            continue
-        counts = _level_rows(hw, level)
-        ids = torch.repeat_interleave(torch.arange(hw.shape[0]), counts).to(dev, non_blocking=True)
-        _weak_dynamic(ids, {0})  # the row count is a symbol from the first compiled call
-        name = register_carried(map_name(level))
-        images._meta.derived[(name, dev)] = ids
+        _as_level(op, entry)
+    images.host_sizes()  # device-built batches: one read here, so the sides can be carried
+    auto_image_sides(images)
     return images
 
 
 @register_auto_carrier
-def auto_image_maps(nt: NestedTensor) -> None:
-    """Give a real image batch ``(C, H_i, W_i)`` (ragged dims 1 and 2) that enters a compiled
-    graph without maps the default strided levels of :func:`prepare_images_for_compile`, so a
-    CNN compiles without a preparation step. Runs from ``__tensor_flatten__`` only (never
-    eagerly otherwise); does nothing for other layouts, for batches without host sizes (no
-    sync is paid) or when the batch already carries image maps (an explicit call wins)."""
-    if nt.sample_dim != 3 or nt._ragged != (1, 2) or nt._meta.host_sizes is None or _maps(nt):
+def auto_image_sides(nt: NestedTensor) -> None:
+    """Carry the host sides ``(B, 2)`` of a real image-like batch into a compiled graph. Runs from
+    ``__tensor_flatten__`` only; does nothing for other layouts or for batches without host
+    sizes (no sync is paid: the graph reads them at the first spatial op instead)."""
+    m = nt._meta
+    if m.host_sizes is None or not _is_image_like(nt):
         return
-    prepare_images_for_compile(nt, DEFAULT_STRIDES)
+    key = (HOST_HW, nt._values.device)
+    if key not in m.derived:
+        hs = m.host_sizes
+        hw = torch.stack([hs[:, -2], hs[:, -1]], 1)  # strides (2, 1) for every B (a view of B = 1 keeps (3, 1))
+        _weak_dynamic(hw, {0})
+        m.derived[key] = hw
 
 
-def level_of(nt: NestedTensor) -> Level | None:
-    """The traced structure's level; a structure without a record is the prepared batch itself."""
-    return nt._meta.derived.get((LEVEL, nt._values.device), IDENTITY)
+# ------------------------------------------------------------------ records and row counts
 
 
-def _maps(nt: NestedTensor) -> dict:
-    return {k: v for k, v in nt._meta.derived.items() if isinstance(k, tuple) and isinstance(k[0], str) and k[0].startswith(MAP_PREFIX)}
+@dataclasses.dataclass(eq=False)
+class _Record:
+    """What a traced image structure knows about its images: host sides (a CPU tensor of the
+    graph), row count, envelope ``(H, W)`` and level; ``memo`` (shared by every structure from
+    one graph input) maps a level to the record that first reached it."""
+
+    hw: Tensor
+    rows: Any
+    env: tuple
+    level: Any
+    memo: dict
+    dev_hw: Tensor | None = None  # the same sides on the values' device (the structure's own sizes)
 
 
-def _no_map(op: str, level: Level | None, rel: Level, why: str) -> StructureError:
-    where = f"; the input has sides H: {level[0]}, W: {level[1]} of the prepared batch's n" if level is not None else ""
-    return StructureError(
-        f"{op}(): under torch.compile the output row count sum_i oh_i * ow_i must be the size of a carried map, and {why}. "
-        "Prepare the batch outside the compiled function: padless.vision.prepare_for_compile(images, strides=..., levels=...) "
-        f"(this layer maps sides by H: {rel[0]}, W: {rel[1]}{where}); or run the op outside the compiled region"
-    )
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt):
+        return a.node.expr == b.node.expr
+    return type(a) is type(b) and a == b
 
 
-def out_rows(op: str, x: NestedTensor, rel: Level) -> tuple[Any, Level | None]:
-    """The output row count (a symbol) and level of a layer mapping sizes by ``rel``."""
-    level = level_of(x)
-    t = x._values.shape[0]
-    if rel == IDENTITY:
-        return t, level
-    out_level = None
-    if level is not None:
-        h, w = level[0].then(rel[0]), level[1].then(rel[1])
-        out_level = None if h is None or w is None else (h, w)
-    if all(r.add == 0 and r.div == 1 for r in rel):  # exact multiples: no map needed
-        return t * rel[0].mul * rel[1].mul, out_level
-    if out_level is None:
-        raise _no_map(op, level, rel, "the input's sizes are not a known level of the prepared batch")
-    if out_level == IDENTITY:
-        root = x._meta.derived.get((ROOT_ROWS, x._values.device))
-        if root is None:
-            raise _no_map(op, level, rel, "the prepared batch's own row count is not known here")
-        return root, out_level
-    hit = x._meta.derived.get((map_name(out_level), x._values.device))
-    if hit is None:
-        raise _no_map(op, level, rel, f"the batch carries no map {map_name(out_level)!r}")
-    return hit.shape[0], out_level
+_REGISTRY: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
 
 
-def traced_images(values: Tensor, sizes: Tensor, like: NestedTensor, env: Sequence, level: Level | None) -> NestedTensor:
-    """A traced image NestedTensor around ``values`` with device ``sizes`` ``(B, 3)``, keeping
-    ``like``'s carried maps and recording ``level``."""
+def _register(rec: _Record) -> None:
+    """Remember which record each symbolic envelope entry belongs to (for ``size=x.shape[2:]``)."""
+    for col, e in enumerate(rec.env):
+        if isinstance(e, torch.SymInt):
+            _REGISTRY.setdefault(e.node.shape_env, {})[e.node.expr] = (rec, col)
+
+
+def lookup_extent(e: Any) -> tuple[_Record, int] | None:
+    """The record and column (0: H, 1: W) whose envelope entry is the symbol ``e``."""
+    if not isinstance(e, torch.SymInt):
+        return None
+    return _REGISTRY.get(e.node.shape_env, {}).get(e.node.expr)
+
+
+def unresolved_extent(e: Any) -> str | None:
+    """Why the symbol ``e`` (not an envelope entry of a record) still comes from a ragged extent,
+    or None: arithmetic on image envelopes (``skip.shape[-1] // 3``), or the shape of a
+    NestedTensor input that no spatial op has seen (its host sides are not known here). A
+    NestedTensor input is recognised by its inner ``_sizes`` among the graph's sources."""
+    if not isinstance(e, torch.SymInt):
+        return None
+    env = e.node.shape_env
+    free = e.node.expr.free_symbols
+    if any(k.free_symbols & free for k in _REGISTRY.get(env, {})):
+        return "computed from an image batch's shape"
+    names = {src.name for srcs in env.var_to_sources.values() for src in srcs}
+    for sym in free:
+        for src in env.var_to_sources.get(sym, ()):
+            base = getattr(src, "base", None)
+            if base is not None and f"{base.name}._sizes.size()[0]" in names:
+                return f"read from the shape of the NestedTensor input {base.name}, which no spatial op has seen in this graph"
+    return None
+
+
+def record_of(x: NestedTensor) -> _Record:
+    """``x``'s record; a graph input (or a structure without one) gets a new root record."""
+    d, dev = x._meta.derived, x._values.device
+    sd = x.sample_dim
+    env = (x._env[sd - 2], x._env[sd - 1])
+    rec = d.get((RECORD, dev))
+    if rec is not None and _same(rec.env[0], env[0]) and _same(rec.env[1], env[1]):
+        return rec
+    hw = d.get((HOST_HW, dev))
+    if hw is None:  # a batch built on a device without host sizes: one read, here
+        hw = x._sizes[:, sd - 2 :].cpu()
+    rec = _Record(hw, x._values.shape[0], env, IDENTITY, {}, x._sizes[:, sd - 2 :])
+    rec.memo[IDENTITY] = rec
+    d[(RECORD, dev)] = rec
+    _register(rec)
+    return rec
+
+
+@contextlib.contextmanager
+def _scalar_outputs():
+    """Let ``.item()`` of (CPU) graph data make an unbacked symbol while this op is traced,
+    whatever ``torch._dynamo.config.capture_scalar_outputs`` says (the handler is not user
+    code: the symbol is the row count of its output)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode()
+    if mode is None:
+        yield
+        return
+    old = mode.allow_scalar_outputs
+    mode.allow_scalar_outputs = True
+    try:
+        yield
+    finally:
+        mode.allow_scalar_outputs = old
+
+
+def count(t: Tensor) -> Any:
+    """The int in the 0-d CPU tensor ``t`` as an unbacked symbol (no device read)."""
+    with _scalar_outputs():
+        n = t.item()
+    if isinstance(n, torch.SymInt):
+        torch._check(n >= 0)
+    return n
+
+
+def pixel_count(hw: Tensor) -> Any:
+    return count((hw[:, 0] * hw[:, 1]).sum())
+
+
+def derive(
+    x: NestedTensor, step: Any, host: Callable[[Tensor], Tensor], env: Callable[[], tuple], rows: Any = None,
+    src: _Record | None = None,
+) -> _Record:
+    """The record of the output of a layer on ``x``: ``step`` is the layer's size map (a
+    :data:`Level`, composed with the input's) or a hashable key naming it; ``host`` maps host
+    sides to host sides; ``env`` gives the output envelope ``(H, W)``; ``rows`` is the output
+    row count when the caller knows it (else the sum of the output's pixels, unbacked). A level
+    reached before is reused: same sides, same row symbol."""
+    rec = src if src is not None else record_of(x)
+    level = None
+    if isinstance(rec.level, tuple) and len(rec.level) == 2 and all(isinstance(a, AxisMap) for a in rec.level) and (
+        isinstance(step, tuple) and len(step) == 2 and all(isinstance(a, AxisMap) for a in step)
+    ):
+        h, w = rec.level[0].then(step[0]), rec.level[1].then(step[1])
+        level = None if h is None or w is None else (h, w)
+    if level is None:
+        level = ("after", rec.level, step)
+    hit = rec.memo.get(level)
+    if hit is not None:
+        return hit
+    hw = host(rec.hw)
+    out = _Record(hw, pixel_count(hw) if rows is None else rows, tuple(env()), level, rec.memo)
+    rec.memo[level] = out
+    _register(out)
+    return out
+
+
+def fresh(base: _Record, tag: str, hw: Tensor, rows: Any, env: tuple, dev_hw: Tensor | None) -> _Record:
+    """A record of sizes that no size map relates to ``base``'s level (fixed or per-image
+    targets): a level of its own in ``base``'s memo, so later layers on it share symbols too."""
+    level = (tag, len(base.memo))
+    out = _Record(hw, rows, tuple(env), level, base.memo, dev_hw)
+    base.memo[level] = out
+    _register(out)
+    return out
+
+
+def traced_images(values: Tensor, sizes: Tensor, env: Sequence, rec: _Record | None) -> NestedTensor:
+    """A traced image NestedTensor around ``values`` with device ``sizes`` ``(B, 3)`` and ``rec``."""
     meta = StructureMeta()
-    meta.derived.update(_maps(like))
     dev = values.device
-    root = like._meta.derived.get((ROOT_ROWS, dev))
-    if root is None and level_of(like) == IDENTITY:
-        root = like._values.shape[0]
-    if root is not None:
-        meta.derived[(ROOT_ROWS, dev)] = root
-    meta.derived[(LEVEL, dev)] = level
+    if rec is not None:
+        if rec.dev_hw is None:
+            rec.dev_hw = sizes[:, 1:]
+        meta.derived[(RECORD, dev)] = rec
     offsets = layout.offsets_from_counts(sizes[:, 1] * sizes[:, 2])
     return nested_from_values(values, offsets, sizes, (1, 2), tuple(env), meta)
 
@@ -275,9 +373,16 @@ def traced_images(values: Tensor, sizes: Tensor, like: NestedTensor, env: Sequen
 def out_sizes(x: NestedTensor, channels: int, ohw: Tensor) -> Tensor:
     """Device sizes ``(B, 3)`` of images with ``channels`` and sides ``ohw`` (zero where the input
     image is empty or a side vanished, as the eager plan records them)."""
-    hw = x._sizes[:, 1:]
+    return _with_channels(dead_zero(x._sizes[:, 1:], ohw), channels)
+
+
+def dead_zero(hw: Tensor, ohw: Tensor) -> Tensor:
+    """``ohw`` with zeros where the input image ``hw`` is empty or an output side vanished."""
     dead = (hw.prod(1) == 0) | (ohw <= 0).any(1)
-    ohw = torch.where(dead.unsqueeze(1), torch.zeros_like(ohw), ohw)
+    return torch.where(dead.unsqueeze(1), torch.zeros_like(ohw), ohw)
+
+
+def _with_channels(ohw: Tensor, channels: int) -> Tensor:
     return torch.cat([torch.full_like(ohw[:, :1], channels), ohw], 1)
 
 
@@ -311,10 +416,16 @@ _METAS: "collections.OrderedDict[Any, StructureMeta]" = collections.OrderedDict(
 _META_LIMIT = 64
 
 
-def _eager_input(v: Tensor, sizes: Tensor, offsets: Tensor, ragged: Sequence[int]) -> NestedTensor:
+def _eager_input(v: Tensor, sizes: Tensor, offsets: Tensor, ragged: Sequence[int], hw: Tensor | None) -> NestedTensor:
     """The op's input as an eager NestedTensor; its structure (and every plan cached on it) is
-    kept for the next calls of the same sizes (backward, the next step)."""
-    hs, ho = sizes.cpu(), offsets.cpu()  # real data at run time (a sync on a GPU)
+    kept for the next calls of the same sizes (backward, the next step). ``hw``: the host sides
+    of image-like samples (their last two dims), so nothing is read from the device."""
+    if hw is None:
+        hs, ho = sizes.cpu(), offsets.cpu()  # real data at run time (a sync on a GPU)
+    else:
+        static = sizes.shape[1] - 2
+        hs = torch.cat([torch.tensor(list(v.shape[1 : 1 + static]), dtype=torch.int64).expand(hw.shape[0], static), hw], 1)
+        ho = layout.offsets_from_counts(hw[:, 0] * hw[:, 1])
     key = (tuple(ragged), hs.numpy().tobytes(), ho.numpy().tobytes(), v.device)
     meta = _METAS.get(key)
     if meta is None:
@@ -330,17 +441,18 @@ def _eager_input(v: Tensor, sizes: Tensor, offsets: Tensor, ragged: Sequence[int
 
 @torch.library.custom_op("padless::image_island", mutates_args=())
 def image_island(
-    name: str, spec: str, v: Tensor, sizes: Tensor, offsets: Tensor, ragged: list[int], tensors: list[Tensor],
-    rows: int, static: list[int],
+    name: str, spec: str, v: Tensor, sizes: Tensor, offsets: Tensor, ragged: list[int], hw: Tensor | None,
+    tensors: list[Tensor], rows: int, static: list[int],
 ) -> Tensor:
-    """The eager body ``name`` on the images ``(v, sizes, offsets)``: output rows ``(rows, *static)``."""
-    nt = _eager_input(v, sizes, offsets, ragged)
+    """The eager body ``name`` on the images ``(v, sizes, offsets)`` with host sides ``hw``:
+    output rows ``(rows, *static)``."""
+    nt = _eager_input(v, sizes, offsets, ragged, hw)
     with torch.no_grad():
         out = _FORWARD[name](nt, list(tensors), _spec(spec))
     if tuple(out.shape) != (rows, *static):
         raise StructureError(
-            f"{name}(): under torch.compile the carried maps promised {rows} output rows of {tuple(static)}, the op "
-            f"made {tuple(out.shape)}: the batch was prepared for other sizes (prepare_for_compile on this very batch)"
+            f"{name}(): under torch.compile the host sizes gave {rows} output rows of {tuple(static)}, the op "
+            f"made {tuple(out.shape)}: the carried host sizes do not match the batch"
         )
     if any(out.untyped_storage().data_ptr() == t.untyped_storage().data_ptr() for t in (v, *tensors)):
         return out.clone()
@@ -348,17 +460,17 @@ def image_island(
 
 
 @image_island.register_fake
-def _image_island_fake(name, spec, v, sizes, offsets, ragged, tensors, rows, static):
+def _image_island_fake(name, spec, v, sizes, offsets, ragged, hw, tensors, rows, static):
     return v.new_empty((rows, *static))
 
 
 @torch.library.custom_op("padless::image_island_backward", mutates_args=())
 def image_island_backward(
     name: str, spec: str, grad: Tensor, v: Tensor, sizes: Tensor, offsets: Tensor, ragged: list[int],
-    tensors: list[Tensor], needs: list[bool],
+    hw: Tensor | None, tensors: list[Tensor], needs: list[bool],
 ) -> list[Tensor]:
     """Gradients of :func:`image_island` for ``v`` and ``tensors`` (zeros where not needed)."""
-    nt_args = (v, sizes, offsets, ragged)
+    nt_args = (v, sizes, offsets, ragged, hw)
     custom = _BACKWARD.get(name)
     if custom is not None:
         got = custom(_eager_input(*nt_args), list(tensors), _spec(spec), grad, needs)
@@ -374,25 +486,25 @@ def image_island_backward(
 
 
 @image_island_backward.register_fake
-def _image_island_backward_fake(name, spec, grad, v, sizes, offsets, ragged, tensors, needs):
+def _image_island_backward_fake(name, spec, grad, v, sizes, offsets, ragged, hw, tensors, needs):
     return [torch.empty_like(v), *(torch.empty_like(t) for t in tensors)]
 
 
 def _setup(ctx, inputs, output) -> None:
-    name, spec, v, sizes, offsets, ragged, tensors, _, _ = inputs
-    ctx.save_for_backward(v, sizes, offsets, *tensors)
+    name, spec, v, sizes, offsets, ragged, hw, tensors, _, _ = inputs
+    ctx.save_for_backward(v, sizes, offsets, hw, *tensors)
     ctx.args = (name, spec, list(ragged))
     ctx.needs = [v.requires_grad, *(t.requires_grad for t in tensors)]
 
 
 def _backward(ctx, grad):
-    v, sizes, offsets, *tensors = ctx.saved_tensors
+    v, sizes, offsets, hw, *tensors = ctx.saved_tensors
     name, spec, ragged = ctx.args
     if not any(ctx.needs):
-        return None, None, None, None, None, None, [None] * len(tensors), None, None
-    gs = image_island_backward(name, spec, grad.contiguous(), v, sizes, offsets, ragged, tensors, ctx.needs)
+        return None, None, None, None, None, None, None, [None] * len(tensors), None, None
+    gs = image_island_backward(name, spec, grad.contiguous(), v, sizes, offsets, ragged, hw, tensors, ctx.needs)
     keep = [g if n else None for g, n in zip(gs, ctx.needs)]
-    return None, None, keep[0], None, None, None, keep[1:], None, None
+    return None, None, keep[0], None, None, None, None, keep[1:], None, None
 
 
 image_island.register_autograd(_backward, setup_context=_setup)
@@ -400,8 +512,10 @@ image_island.register_autograd(_backward, setup_context=_setup)
 
 def run_island(name: str, spec: tuple, x: NestedTensor, tensors: Sequence[Tensor | None], rows: Any, static: Sequence[int]) -> Tensor:
     """Call island ``name`` on ``x`` (``None`` tensors are left out; the body gets them in order
-    of the non-None ones and reads ``spec`` to know which were given)."""
+    of the non-None ones and reads ``spec`` to know which were given). Image-like inputs pass
+    their host sides (their record's), so the island reads nothing from the device."""
+    hw = record_of(x).hw if _is_image_like(x) else None
     return image_island(
-        name, repr(spec), values_of(x), x._sizes, x._offsets, list(x._ragged), [t for t in tensors if t is not None],
+        name, repr(spec), values_of(x), x._sizes, x._offsets, list(x._ragged), hw, [t for t in tensors if t is not None],
         rows, list(static),
     )

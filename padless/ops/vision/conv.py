@@ -255,6 +255,8 @@ def conv_transpose2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | N
     op = to_pair("conv_transpose2d", "output_padding", output_padding, minimum=0)
     g = Geometry(k, st, (ph, ph, pw, pw), dil, transposed=True, output_padding=op)
     _check_output_padding("conv_transpose2d", g)
+    if _is_traced(input._values) and input.sample_dim == 3 and input._ragged == (1, 2):  # torch.compile
+        return vision_traced.traced_conv_transpose2d(input, weight, bias, stride, padding, output_padding, groups, dilation, g)
     plan = spatial_plan("conv_transpose2d", input, g)
     _validate("conv_transpose2d", plan, input._values.shape[1],
               lambda t: F.conv_transpose2d(t, weight.to("meta"), None, st, (ph, pw), op, groups, dil))

@@ -78,6 +78,11 @@ def batch_norm(
     # kernels (one pass per statistic, forward and backward), where a (T, C) input would take
     # its channel-by-channel path (several times slower). Same math, same running-stat update.
     dense = v.t().unsqueeze(0).unsqueeze(-1) if v.dim() == 2 else v
+    if v.dim() == 2 and isinstance(v.shape[0], torch.SymInt):
+        # a row count read from data under torch.compile (padless.ops.vision.compiled): torch's
+        # empty-input and "more than 1 value per channel" tests would guard on it; state them
+        # as runtime checks
+        torch._check(v.shape[0] >= (2 if training else 1), lambda: "batch_norm(): expected more than 1 value per channel when training" if training else "batch_norm(): the batch has no pixels")
     try:
         out = F.batch_norm(dense, running_mean, running_var, weight, bias, training, momentum, eps)
     except (ValueError, RuntimeError) as e:

@@ -112,6 +112,10 @@ def pixel_shuffle(func, input: NestedTensor, upscale_factor: int) -> NestedTenso
     c = input._values.shape[1]
     if c % (r * r):
         raise ValueError(f"pixel_shuffle(): the images have {c} channels, which is not divisible by upscale_factor**2 = {r * r}")
+    if _is_traced(input._values):  # torch.compile: see padless.ops.vision.compiled
+        from padless.ops.vision.traced import traced_shuffle
+
+        return traced_shuffle(input, r, True)
     out_hs, out_ho, idx = _shuffle_index(input, r, True)
     vals = values_of(input)
     sub = vals.reshape(vals.shape[0], c // (r * r), r * r).transpose(1, 2).reshape(-1, c // (r * r))
@@ -125,6 +129,10 @@ def pixel_unshuffle(func, input: NestedTensor, downscale_factor: int) -> NestedT
     r = _factor("pixel_unshuffle", "downscale_factor", downscale_factor)
     if not _check_std_images("pixel_unshuffle", input):
         return apply_by_shape("pixel_unshuffle", input, lambda dense, key: F.pixel_unshuffle(dense, r))
+    if _is_traced(input._values):  # torch.compile: see padless.ops.vision.compiled
+        from padless.ops.vision.traced import traced_shuffle
+
+        return traced_shuffle(input, r, False)
     c = input._values.shape[1]
     out_hs, out_ho, idx = _shuffle_index(input, r, False)
     gathered = values_of(input).index_select(0, idx)
@@ -161,6 +169,10 @@ def pad(func, nt: NestedTensor, pad: Sequence[int], mode: str = "constant", valu
         if (lo, hi) == (0, 0):
             continue
         if p in nt._ragged:  # each sample padded alone, batched by sample shape
+            if _is_traced(nt._values):  # torch.compile: see padless.ops.vision.compiled
+                from padless.ops.vision.traced import traced_pad
+
+                return traced_pad(nt, pads, mode, value)
             return pad_ragged(nt, pads, mode, value)
         per_dim[p] = (lo, hi)
     vals = values_of(nt)
