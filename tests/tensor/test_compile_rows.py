@@ -228,3 +228,34 @@ def test_prepare_for_compile_errors():
     img = padless.from_list([torch.randn(3, 4, 5), torch.randn(3, 2, 6)])
     with pytest.raises(ValueError, match=r"prepare_for_compile\(pairs=True\): the batch has ragged dims \(1, 2\)"):
         padless.prepare_for_compile(img)
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if INDUCTOR else []))
+def test_compiled_dropout_draws_with_atens_generator(backend):
+    """Under compile, NestedTensor dropout draws its keep mask in an opaque op (ATen's
+    generator, as eager): kept elements are scaled by 1/(1-p), dropped ones and their
+    gradients are zero, the kept fraction is about 1-p, one graph over changing batches, and
+    the compiled draw equals eager's for the same seed (one bernoulli_ per element either way)."""
+    p = 0.3
+    cnt = CompileCounterWithBackend(backend)
+
+    def f(x):
+        return F.dropout(x * 1.0, p, training=True)
+
+    cf = torch.compile(f, backend=cnt, fullgraph=True)
+    for i, ns in enumerate([[40, 40, 40, 40], [300, 90], [50, 200, 7]]):
+        x = padless.from_list([torch.rand(n, 16) + 1.0 for n in ns], requires_grad=True)
+        y = cf(x)
+        y.values().sum().backward()
+        v, yv, g = x.values().detach(), y.values().detach(), x.grad.values()
+        kept = yv != 0
+        torch.testing.assert_close(yv[kept], v[kept] / (1 - p))
+        torch.testing.assert_close(g, kept.to(g.dtype) / (1 - p))
+        assert abs(kept.float().mean().item() - (1 - p)) < 0.05
+    assert cnt.frame_count == 1
+    x = padless.from_list([torch.rand(n, 16) + 1.0 for n in (30, 50)])
+    torch.manual_seed(7)
+    a = cf(x)
+    torch.manual_seed(7)
+    b = torch.empty_like(x.values()).bernoulli_(1 - p)
+    torch.testing.assert_close(a.values() != 0, b != 0)

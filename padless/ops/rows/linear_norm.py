@@ -95,7 +95,26 @@ def _whole_sample_layer_norm(x: NestedTensor, shape: tuple, weight, bias, eps: f
 
 @implements(F.dropout, accepts="packed")
 def dropout(func, x: NestedTensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> NestedTensor:
-    """Dropout on real elements only (padding is never drawn)."""
+    """Dropout on real elements only (padding is never drawn).
+
+    Under ``torch.compile`` the keep mask comes from :func:`dropout_scale`, an opaque op that
+    draws with ATen's generator as eager does: inductor's generated code would otherwise draw
+    one Philox number per element, which on the CPU costs more than the rest of a small
+    layer's elementwise work (a compiled decoder layer was slower than eager)."""
     if not training or p == 0.0:
         return x
-    return rewrap(F.dropout(values_of(x), p, training, False), x)
+    vals = values_of(x)
+    if torch.compiler.is_compiling() and 0.0 < p < 1.0:
+        return rewrap(vals * torch.ops.padless.dropout_scale(vals.detach(), float(p)), x)
+    return rewrap(F.dropout(vals, p, training, False), x)
+
+
+@torch.library.custom_op("padless::dropout_scale", mutates_args=())
+def dropout_scale(x: Tensor, p: float) -> Tensor:
+    """``bernoulli(1 - p) / (1 - p)`` in ``x``'s shape, dtype and device, ATen's generator."""
+    return torch.empty_like(x).bernoulli_(1.0 - p).div_(1.0 - p)
+
+
+@dropout_scale.register_fake
+def _dropout_scale_fake(x: Tensor, p: float) -> Tensor:
+    return torch.empty_like(x)
