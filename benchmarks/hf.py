@@ -132,14 +132,7 @@ def check_syncs(kind: str, impls: dict[str, object]) -> None:
     for name, fn in impls.items():
         if name == "padded + mask":
             continue
-        fn()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        torch.cuda.synchronize()
+        bench.without_syncs(fn)
         print(f"{kind} {name}: zero device syncs in a train step (set_sync_debug_mode('error') raised nothing)")
 
 

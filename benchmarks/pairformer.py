@@ -35,7 +35,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import padless
-from padless.testing.bench import interleaved
+from padless.testing.bench import interleaved, without_syncs
 
 # ----------------------------------------------------------------------------- a stand-in layer
 
@@ -351,14 +351,7 @@ def main() -> None:
     if args.device != "cpu":
         clock = _device_clock(args.device)
     if args.syncs:  # a step that synchronises raises here, naming the op
-        run = _step(layer, PIECES["layer"][1], batches[0])
-        run()
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            run()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        without_syncs(_step(layer, PIECES["layer"][1], batches[0]))
         print("padless layer step: zero device syncs (set_sync_debug_mode('error') raised nothing)")
     print(f"{what}; Cs={args.cs} Cz={args.cz} heads={args.heads} pair heads={args.pair_heads}x{args.pair_width} "
           f"dropout={args.dropout}; {args.clock} clock; B={args.batch}, N~U[{args.lo},{args.hi}]; pair occupancy "

@@ -69,6 +69,20 @@ def interleaved(
     return out
 
 
+def without_syncs(step: Callable[[], object]) -> None:
+    """Run ``step`` once to warm up (plans, backend probes), then once more with CUDA device
+    syncs turned into errors (``torch.cuda.set_sync_debug_mode("error")``): a step that
+    synchronises raises, naming the op."""
+    step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
 def rows_from(case: str, result: Mapping[str, tuple[float, float]], notes: Mapping[str, str] | None = None) -> list[Row]:
     notes = notes or {}
     return [Row(case, n, t, r, notes.get(n, "")) for n, (t, r) in result.items()]
