@@ -128,3 +128,12 @@ def test_frexp_keeps_the_rows_path(_force):
         want_m, want_e = torch.frexp(x * y)
         torch.testing.assert_close(mm, want_m)
         assert torch.equal(ee, want_e)
+
+
+def test_reduction_with_no_group_stays_on_the_graph():
+    """a batch whose only sample is empty: the per-sample sum has no group, yet its result is
+    still on the autograd graph (found by the differential fuzzer with the paths forced)"""
+    x = padless.from_list([torch.zeros(0, 0, 0)], ragged_dims=(0, 1, 2)).requires_grad_()
+    s = x.sum(dim=1)
+    (s * 2).values().sum().backward()
+    assert x.grad.values().shape == (0,) or x.grad.values().numel() == 0

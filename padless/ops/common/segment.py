@@ -238,7 +238,7 @@ def _per_sample(values: Tensor, g: Groups, mode: str) -> Tensor | None:
         v = values[ho[i] : ho[i + 1]].reshape(ext + static)
         r = v.sum(dim=red) if mode == "sum" else v.mean(dim=red)
         parts.append(r.reshape(math.prod(kept), *static))
-    out = torch.cat(parts) if parts else values.new_zeros((0, *static))
+    out = torch.cat(parts) if parts else values[:0]  # no group: still on the autograd graph
     if out.shape[0] != g.n_groups:
         raise RuntimeError(f"padless internal: per-sample {mode} gave {out.shape[0]} groups, expected {g.n_groups}")
     return out
