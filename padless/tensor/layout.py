@@ -81,8 +81,7 @@ _COORDS_LOCK = threading.Lock()
 
 
 def _coords_key(sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total) -> tuple | None:
-    if (type(sizes) is not Tensor or type(offsets) is not Tensor or sizes.device.type != "cpu"
-            or offsets.device.type != "cpu" or not isinstance(total, int) or not ragged):
+    if not _host(sizes, offsets) or not isinstance(total, int) or not ragged:
         return None  # traced, on a device (reading it would sync), or nothing to cache
     ext = sizes[:, list(ragged)]
     return (ext.numpy().tobytes(), tuple(ext.shape), str(ext.dtype), offsets.numpy().tobytes(), total)
