@@ -280,6 +280,16 @@ def image_cases() -> list[Case]:
         out.append(Case(f"smp {arch} (resnet18)", "smp", "images 3x{64,96,128}^2, B 4", lambda a=arch: build_smp(a),
                         lambda s: image_samples(s, 4, 64, 128, multiple=32), shapes, _img_batched, _img_single,
                         _img_padded_loss, grad=grad))
+    # Wider size ranges (occupancy ~0.4-0.6): the rows above fill 0.67-0.75 of the padded
+    # envelope, so their limit, 1/occupancy, is 1.33-1.49x whatever the layout.
+    for name, grad in (("resnet18", True), ("resnet50", False)):
+        out.append(Case(f"timm {name} (wide sizes)", "timm", "images 3x[48..216]^2, B 12", lambda n=name: build_timm(n),
+                        lambda s: image_samples(s, 12, 48, 216), shapes, _img_batched, _img_single, _img_padded_loss,
+                        grad=grad))
+    for arch, grad in (("Unet", True), ("FPN", False)):
+        out.append(Case(f"smp {arch} (resnet18, wide sizes)", "smp", "images 3x{64,96,..,224}^2, B 8",
+                        lambda a=arch: build_smp(a), lambda s: image_samples(s, 8, 64, 224, multiple=32), shapes,
+                        _img_batched, _img_single, _img_padded_loss, grad=grad))
     return out
 
 
