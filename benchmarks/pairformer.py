@@ -330,6 +330,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--counts", action="store_true")
     ap.add_argument("--no-check", action="store_true")
+    ap.add_argument("--settle", type=int, default=0,
+                    help="untimed steps of each implementation right before its timed one (its steady state, "
+                         "as in a training loop that runs only it); 0: each step right after the other's")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
     ap.add_argument("--syncs", action="store_true",
@@ -367,7 +370,7 @@ def main() -> None:
             ratios = []
             for b in batches:
                 res = interleaved({"padded": _step(layer, pad_fn, b), "padless": _step(layer, nt_fn, b)},
-                                  baseline="padded", rounds=args.rounds, warmup=1, clock=clock)
+                                  baseline="padded", rounds=args.rounds, warmup=1, clock=clock, settle=args.settle)
                 for k in times:
                     times[k].append(res[k][0])
                 ratios.append(res["padless"][1])

@@ -40,11 +40,15 @@ def interleaved(
     warmup: int = 3,
     device: str | None = None,
     clock: Callable[[], float] = time.perf_counter,
+    settle: int = 0,
 ) -> dict[str, tuple[float, float]]:
     """Time each callable round-robin; return ``{name: (median_us, median ratio vs baseline)}``.
 
     ``inner`` calls per sample amortise the timer for microsecond-scale ops. ``clock``:
     ``time.process_time`` (CPU time of this process) is steadier on a loaded machine.
+    ``settle`` untimed calls of a callable run right before its timed ones, so each is timed
+    in its own steady state (caches and allocator warm from its own last step, as in a
+    training loop that runs only it) rather than right after another implementation's step.
     """
     names = list(impls)
     for _ in range(warmup):
@@ -55,6 +59,8 @@ def interleaved(
     for _ in range(rounds):
         for n in names:
             f = impls[n]
+            for _ in range(settle):
+                f()
             _sync(device)
             t0 = clock()
             for _ in range(inner):
