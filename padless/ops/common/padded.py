@@ -146,7 +146,7 @@ def read_rows(opname: object, d: Tensor, ref: NestedTensor, aligned: Sequence[in
     static = layout.static_dims(ref.sample_dim, ragged)
     grid = d.reshape(tuple(aligned)).permute(0, *[1 + r for r in ragged], *[1 + s for s in static])
     grid = grid.reshape(-1, *[aligned[1 + s] for s in static])
-    ext = tuple(int(aligned[1 + r]) for r in ragged)
+    ext = tuple(aligned[1 + r] if _is_traced(ref._values) else int(aligned[1 + r]) for r in ragged)
     rows = grid.index_select(0, read_index(ref, b != 1, ext))
     if cacheable:
         _remember(ref, d, stamp, rows)

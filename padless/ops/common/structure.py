@@ -146,7 +146,10 @@ def derived_tensor(nt: NestedTensor, key, compute):
     m = nt._meta
     dev = nt._values.device
     full_key = (key, dev)
-    hit = m.derived.get(full_key)
+    try:
+        hit = m.derived.get(full_key)
+    except TypeError:  # a traced key holding SymInts (unhashable): computed below, not cached
+        hit = None
     if hit is not None:
         return hit
     traced = _is_traced(nt._values)

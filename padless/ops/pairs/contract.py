@@ -32,6 +32,7 @@ from padless.tensor.autograd import nested_from_values, rewrap, values_of
 from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
 from padless.ops.pairs.triangle import eager_pair_einsum, traced_pair_einsum
+from padless.ops.pairs.traced import traced_einsum, traced_matmul
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
@@ -225,6 +226,8 @@ def matmul(func, a=None, b=None, **kwargs) -> Tensor:
     if nb and not na:
         return _matmul_dense_nested("matmul", a, b)
     out_ragged = _matmul_out_ragged(a, b)
+    if _is_traced(a._values) or _is_traced(b._values):  # compiled: the eager handler as one opaque op
+        return traced_matmul("matmul", a, b, out_ragged)
     check_contraction("matmul", [a, b], [[a.sample_dim - 1, b.sample_dim - 2]])
     fused = grouped.matmul_nested(a, b)  # one Triton launch on CUDA (kernels.dispatch), else None
     if fused is not None:
@@ -252,6 +255,8 @@ def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kw
                 "bmm(): expects a NestedTensor with 2-D samples and, as mat2, another such NestedTensor or a "
                 "dense (B, m, p) tensor (use matmul for other ranks)"
             )
+    if _is_traced(a._values) or _is_traced(b._values):
+        return traced_matmul("bmm", a, b, _matmul_out_ragged(a, b))
     check_contraction("bmm", [a, b], [[1, 0]])
     batched = bucketed.matmul(a, b)
     if batched is not None:
@@ -304,6 +309,7 @@ def einsum(func, equation: str, *operands) -> Tensor:
         traced = traced_pair_einsum(ins, out, operands)
         if traced is not None:
             return traced
+        return traced_einsum(ins, out, operands)  # the eager handler as one opaque op
     if len(operands) == 2:
         fused = grouped.contract_nested(operands[0], ins[0][1:], operands[1], ins[1][1:], out[1:])
         if fused is not None:

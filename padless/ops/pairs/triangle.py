@@ -56,6 +56,10 @@ def pair_einsum(equation: str, a: Tensor, b: Tensor, offsets: Tensor, sizes: Ten
                 f"einsum(): ragged structures differ: sample {i} has {_fmt_shape(u)}, other has {_fmt_shape(v)} "
                 "(triangle products take two (N_i, N_i, ...) pair states of one structure)"
             )
+    x, y, o = _sample_eq(equation)
+    plan = _bmm_plan(x, y, o) if a.dim() == b.dim() == 2 and a.dtype == b.dtype else None
+    if plan is not None:  # channel-major batched matmuls (as eagerly)
+        return _bmm_rows(a, b, [u[0] for u in sa], plan)
     out = a.new_empty((a.shape[0], *_out_static(equation, a, b)))
     for i in range(len(bounds) - 1):
         lo, hi = bounds[i], bounds[i + 1]
@@ -140,6 +144,40 @@ def _square_pairs(a: NestedTensor, b: NestedTensor) -> bool:
     return a._meta is b._meta or torch.equal(ha[:, :2], b.host_sizes()[:, :2])
 
 
+def _bmm_plan(x: str, y: str, o: str) -> tuple[bool, bool, bool] | None:
+    """Which views of the per-sample ``(C, N, N)`` channel-major operands a batched matmul
+    transposes for ``x,y->o`` (two pair letters then one channel letter, shared by all three;
+    one pair letter contracted), or None outside that pattern."""
+    if not (len(x) == len(y) == len(o) == 3) or not (x[2] == y[2] == o[2]) or not _fits(x, y, o):
+        return None
+    k = [c for c in x[:2] if c in y[:2]]
+    if len(k) != 1 or k[0] in o:
+        return None
+    k = k[0]
+    fa, fb = x[1 - x.index(k)], y[1 - y.index(k)]  # the free pair letter of each operand
+    if set(o[:2]) != {fa, fb}:
+        return None
+    return x.index(k) == 0, y.index(k) == 1, o[0] == fb
+
+
+def _bmm_rows(a: Tensor, b: Tensor, ns: list[int], plan: tuple[bool, bool, bool]) -> Tensor:
+    """The product of two packed pair states ``(sum N_i**2, C)`` as one batched matmul per
+    sample over their channel-major copies (see :func:`eager_pair_einsum`)."""
+    ta, tb, to = plan
+    at, bt = a.t().contiguous(), b.t().contiguous()  # (C, P)
+    c = at.shape[0]
+    rows = [n * n for n in ns]
+    parts = []
+    # one split per operand (its backward is one cat, not a zero-filled gradient per sample)
+    for n, pa, pb in zip(ns, at.split(rows, 1), bt.split(rows, 1)):
+        if n == 0:
+            continue
+        ma, mb = pa.view(c, n, n), pb.view(c, n, n)
+        r = torch.bmm(ma.transpose(1, 2) if ta else ma, mb.transpose(1, 2) if tb else mb)
+        parts.append((r.transpose(1, 2) if to else r).reshape(c, n * n))
+    return torch.cat(parts, 1).t().contiguous() if parts else a.new_empty((0, c))
+
+
 def eager_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | None:
     """Triangle products of two ``(N_i, N_i, C)`` pair states (``bikc,bjkc->bijc``,
     ``bkic,bkjc->bijc`` and every other equation with two pair letters and one channel
@@ -153,29 +191,7 @@ def eager_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | None
     if len(operands) != 2:
         return None
     a, b = operands
-    x, y, o = ins[0][1:], ins[1][1:], out[1:]
-    if not (len(x) == len(y) == len(o) == 3) or not (x[2] == y[2] == o[2]) or not _fits(x, y, o):
+    plan = _bmm_plan(ins[0][1:], ins[1][1:], out[1:])
+    if plan is None or not _square_pairs(a, b):
         return None
-    k = [c for c in x[:2] if c in y[:2]]
-    if len(k) != 1 or k[0] in o:
-        return None
-    k = k[0]
-    fa, fb = x[1 - x.index(k)], y[1 - y.index(k)]  # the free pair letter of each operand
-    if set(o[:2]) != {fa, fb} or not _square_pairs(a, b):
-        return None
-    at = values_of(a).t().contiguous()  # (C, P)
-    bt = values_of(b).t().contiguous()
-    ta, tb, to = x.index(k) == 0, y.index(k) == 1, o[0] == fb  # which views to transpose
-    ns = a.host_sizes()[:, 0].tolist()
-    c = at.shape[0]
-    rows = [n * n for n in ns]
-    parts = []
-    # one split per operand (its backward is one cat, not a zero-filled gradient per sample)
-    for n, pa, pb in zip(ns, at.split(rows, 1), bt.split(rows, 1)):
-        if n == 0:
-            continue
-        ma, mb = pa.view(c, n, n), pb.view(c, n, n)
-        r = torch.bmm(ma.transpose(1, 2) if ta else ma, mb.transpose(1, 2) if tb else mb)
-        parts.append((r.transpose(1, 2) if to else r).reshape(c, n * n))
-    vals = torch.cat(parts, 1).t().contiguous() if parts else values_of(a).new_empty((0, c))
-    return rewrap(vals, a)
+    return rewrap(_bmm_rows(values_of(a), values_of(b), a.host_sizes()[:, 0].tolist(), plan), a)
