@@ -10,7 +10,7 @@ import torch
 
 import padless
 from padless.ops.kernels import softmax as ks
-from padless.ops.pairs import bucketed
+from padless.ops.pairs import attend, bucketed
 from padless.tensor.autograd import nested_from_values
 from padless.testing import check_samples, leaves
 
@@ -19,15 +19,23 @@ NS = [3, 5, 0, 1, 6, 2]
 
 @pytest.fixture
 def fused_calls(monkeypatch):
-    """How many times the fused node's forward ran."""
+    """The softmax operand's position, each time a fused node's forward ran: the one from the
+    softmax's input (``_SoftmaxContract``) or the whole attention from pending scores
+    (``attend.Attention``)."""
     calls = []
     real = bucketed._SoftmaxContract.forward
+    real_att = attend.Attention.forward
 
     def counting(ctx, *args):
         calls.append(args[1])
         return real(ctx, *args)
 
+    def counting_att(ctx, spec, *args):
+        calls.append(spec.j)
+        return real_att(ctx, spec, *args)
+
     monkeypatch.setattr(bucketed._SoftmaxContract, "forward", staticmethod(counting))
+    monkeypatch.setattr(attend.Attention, "forward", staticmethod(counting_att))
     return calls
 
 
@@ -120,16 +128,24 @@ def test_softmax_output_used_twice(fused_calls):
     assert fused_calls == [0]
 
 
-def test_no_fusion_without_gradient_or_when_summing_another_dim(fused_calls):
-    """Inference (no gradient) and a contraction that does not sum the softmax dim use the
-    plain contraction."""
+def test_inference_fuses_per_sample(fused_calls):
+    """Without a gradient the pending scores still run as one node in the buckets; each
+    sample matches the dense computation on it alone."""
     q = leaves([(n, 2, 3) for n in NS], seed=18)
     k = leaves([(n, 2, 3) for n in NS], seed=19)
     with torch.no_grad():
-        p = torch.einsum("bihd,bjhd->bhij", q[0], k[0]).softmax(-1)
-        torch.einsum("bhij,bjhd->bihd", p, k[0])
-    assert fused_calls == []
-    # softmax over j, then sum over i (p^T @ v): not the softmax dim
+        out = torch.einsum("bhij,bjhd->bihd", (torch.einsum("bihd,bjhd->bhij", q[0], k[0]) * 0.3).softmax(-1), k[0])
+    assert fused_calls == [0]
+    assert len(out.unbind()) == len(NS)
+    for got, a, b in zip(out.unbind(), q[1], k[1]):
+        ref = torch.einsum("hij,jhd->ihd", (torch.einsum("ihd,jhd->hij", a, b) * 0.3).softmax(-1), b)
+        torch.testing.assert_close(got, ref.detach())
+
+
+def test_no_fusion_when_summing_another_dim(fused_calls):
+    """A contraction that does not sum the softmax dim (``p^T @ v``) uses the plain one."""
+    q = leaves([(n, 2, 3) for n in NS], seed=18)
+    k = leaves([(n, 2, 3) for n in NS], seed=19)
     check_samples(lambda a, b: torch.einsum("bhij,bihd->bjhd", torch.einsum("bihd,bjhd->bhij", a, b).softmax(-1), a),
                   lambda a, b: torch.einsum("hij,ihd->jhd", torch.einsum("ihd,jhd->hij", a, b).softmax(-1), a),
                   [q, k])

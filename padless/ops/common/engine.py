@@ -25,6 +25,7 @@ reduction that ``sum_to_size`` performs for broadcast dense operands
 from __future__ import annotations
 
 import functools
+import threading
 from typing import Any
 
 import torch
@@ -82,6 +83,10 @@ def _trailing_static(ndim: int, ragged: tuple[int, ...]) -> int:
     """How many trailing sample dims are static (they are the trailing dims of values)."""
     return ndim - 1 - max(ragged) if ragged else ndim
 
+
+NESTED_OP = threading.local()
+"""``nts``: the NestedTensor operands of the op :func:`run_on_rows` is running on their rows
+(below autograd, so those rows carry no history), None otherwise."""
 
 _INPLACE: dict[Any, bool] = {}
 
@@ -164,9 +169,17 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
                 f"{opname}(): an in-place op on a dense tensor cannot take a NestedTensor operand "
                 "(the result would need the ragged structure)"
             )
-        func(*new_args, **new_kwargs)
+        NESTED_OP.nts = nts
+        try:
+            func(*new_args, **new_kwargs)
+        finally:
+            NESTED_OP.nts = None
         return args[0]
-    out = func(*new_args, **new_kwargs)
+    NESTED_OP.nts = nts  # deferred rows read which operands need a gradient (padless.ops.pairs.pending)
+    try:
+        out = func(*new_args, **new_kwargs)
+    finally:
+        NESTED_OP.nts = None
     if isinstance(out, tuple):
         return tuple(wrap_like(o, ref) for o in out)
     return wrap_like(out, ref)

@@ -324,8 +324,18 @@ class _BucketedSoftmax(torch.autograd.Function):
         return read_rows(dx, to_rows, 0.0).view(y.shape), None, None
 
 
+DEFER: list = []
+"""Hooks ``(values, groups, log) -> rows or None`` asked first when ``values`` is a tensor
+subclass: deferred attention scores (:func:`padless.ops.pairs.pending.softmax`)."""
+
+
 def ragged_softmax(values: Tensor, g: "Groups", log: bool = False) -> Tensor:
     """Softmax of ``values`` ``(T, *static)`` within each group of ``g`` (same shape out)."""
+    if DEFER and type(values) is not Tensor:
+        for hook in DEFER:
+            out = hook(values, g, log)
+            if out is not None:
+                return out
 
     def unsupported() -> str | None:
         if not values.is_floating_point():

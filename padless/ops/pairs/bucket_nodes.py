@@ -51,6 +51,8 @@ class _Plan:
     keep: tuple  # the partners' metadata, kept alive so the cache key's ids stay theirs
     out_rows: int = 0  # rows of the result
     softmax_letters: tuple[str, ...] = ()  # per operand: its last ragged letter (storage order), or ""
+    groups: tuple = ()  # per bucket: its samples, in slot order
+    cache: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)  # derived buffers and plans
 
 
 def _dense(plan: _Plan, bufs: Sequence[Tensor]) -> list[list[Tensor]]:
@@ -171,34 +173,42 @@ class _Contract(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        plan = ctx.plan
         a, b, *bufs = ctx.saved_tensors
-        if torch.is_grad_enabled():  # double backward: the buffers again, as functions of a and b
-            bufs = [read_rows(_flatten(v, fl), to_buf, 0.0) for v, (to_buf, _), fl in zip((a, b), plan.pads, plan.flat)]
-        gbuf = read_rows(_flatten(g.contiguous(), plan.flat[-1]), plan.packs[0], 0.0)
-        per = 1 if plan.flat[-1] else math.prod(plan.out_static)
-        gparts = gbuf.split([math.prod(shape) // per for shape in plan.out_shapes])
-        inv_out = layout.inverse_order(plan.out_perm)
-        grads: list[list[Tensor]] = [[], []]
-        for k, dense in enumerate(_dense(plan, bufs)):
-            gk = gparts[k].view(plan.out_shapes[k]).permute(inv_out)
-            for j, need in enumerate(ctx.needs_input_grad[1:]):
-                if not need:
-                    continue
-                gj = _einsum(plan.grad_equations[j], gk, dense[1 - j])
-                shape, perm = plan.views[k][j]
-                grads[j].append(gj.permute(layout.inverse_order(perm)) if perm is not None else gj)
-        out = [None, None]
-        for j, parts in enumerate(grads):
-            if parts:
-                static = () if plan.flat[j] else (a, b)[j].shape[1:]
-                if torch.is_grad_enabled():  # double backward: differentiable ops
-                    parts = [p.reshape(-1, *static) for p in parts]
-                    rows = torch.cat(parts) if len(parts) > 1 else parts[0]
-                else:
-                    rows = _join(parts, static)
-                out[j] = read_rows(rows, plan.pads[j][1], 0.0).view((a, b)[j].shape)
-        return None, out[0], out[1]
+        return (None, *contract_backward(ctx.plan, a, b, bufs, g, ctx.needs_input_grad[1:]))
+
+
+def contract_backward(plan: _Plan, a: Tensor, b: Tensor, bufs: Sequence[Tensor], g: Tensor,
+                      needs: Sequence[bool]) -> list[Tensor | None]:
+    """The gradients of both operands of a two-operand bucketed contraction from the result's
+    gradient ``g`` (``out,other->mine`` per bucket); ``bufs``: the operands' padded buffers
+    (recomputed from ``a`` and ``b`` when a gradient of the gradient is recorded)."""
+    if torch.is_grad_enabled() or not bufs:  # double backward: the buffers again, as functions of a and b
+        bufs = [read_rows(_flatten(v, fl), to_buf, 0.0) for v, (to_buf, _), fl in zip((a, b), plan.pads, plan.flat)]
+    gbuf = read_rows(_flatten(g.contiguous(), plan.flat[-1]), plan.packs[0], 0.0)
+    per = 1 if plan.flat[-1] else math.prod(plan.out_static)
+    gparts = gbuf.split([math.prod(shape) // per for shape in plan.out_shapes])
+    inv_out = layout.inverse_order(plan.out_perm)
+    grads: list[list[Tensor]] = [[], []]
+    for k, dense in enumerate(_dense(plan, bufs)):
+        gk = gparts[k].view(plan.out_shapes[k]).permute(inv_out)
+        for j, need in enumerate(needs):
+            if not need:
+                continue
+            gj = _einsum(plan.grad_equations[j], gk, dense[1 - j])
+            shape, perm = plan.views[k][j]
+            grads[j].append(gj.permute(layout.inverse_order(perm)) if perm is not None else gj)
+    return [gather_back(plan, j, parts, (a, b)[j]) if parts else None for j, parts in enumerate(grads)]
+
+
+def gather_back(plan: _Plan, j: int, parts: Sequence[Tensor], like: Tensor) -> Tensor:
+    """Operand ``j``'s rows (shaped like ``like``) from its per-bucket dense pieces (storage order)."""
+    static = () if plan.flat[j] else like.shape[1:]
+    if torch.is_grad_enabled():  # double backward: differentiable ops
+        parts = [p.reshape(-1, *static) for p in parts]
+        rows = torch.cat(parts) if len(parts) > 1 else parts[0]
+    else:
+        rows = _join(parts, static)
+    return read_rows(rows, plan.pads[j][1], 0.0).view(like.shape)
 
 
 def _softmax_operand(ins: Sequence[str], out: str, operands: Sequence[NestedTensor],

@@ -40,6 +40,11 @@ node from ``s`` (``_SoftmaxContract``) whose backward turns the weights' gradien
 When one dense call per sample costs little next to the samples' work (cubic triangle
 products of large pair states on a CPU, where padding and re-laying out the results cost
 more than the calls), :func:`contract` declines and the caller's per-sample loop runs.
+
+A two-operand contraction whose result's last dim is ragged (attention scores) returns its
+rows pending (:mod:`padless.ops.pairs.pending`): a later ``softmax(scores * c + bias) @ v``
+runs as one node in these buckets (:mod:`padless.ops.pairs.attend`), and any other use
+computes them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from torch import Tensor
 
 from padless.ops.common.amp import autocast_inputs
 from padless.ops.kernels.layout import gather_rows, padding_maps, size_buckets
+from padless.ops.pairs import pending
 from padless.ops.pairs.bucket_nodes import (  # _Contract, _SoftmaxContract: tests reach them here
     _BATCH,
     _buckets,
@@ -183,7 +189,10 @@ def _cost(ins: Sequence[str], out: str, letters: list[str], static: dict[str, in
     return cost
 
 
-def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Plan | None:
+def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], forced: Sequence | None = None) -> _Plan | None:
+    """The plan of one contraction; ``forced``: the buckets' samples (another plan's, so two
+    contractions share their padded layout), else chosen here (None when the per-sample
+    loop is cheaper)."""
     ext = _letter_extents(ins, operands)
     if ext is None:
         return None
@@ -192,13 +201,13 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _P
     letters = sorted(ragged_ext)
     table = torch.stack([ragged_ext[c] for c in letters], 1) if letters else torch.zeros(b, 0, dtype=torch.int64)
     cost = _cost(ins, out, letters, static_ext)
-    groups = size_buckets(table, cost=cost, overhead=CALL_COST)
+    groups = size_buckets(table, cost=cost, overhead=CALL_COST) if forced is None else [list(ids) for ids in forced]
     rows = table.tolist()
     padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
                  for ids in groups)
     call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
     per_sample = sum(cost(r) for r in rows) + b * call
-    if BUCKET_FACTOR * padded > per_sample:
+    if forced is None and BUCKET_FACTOR * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
     bucket_of = torch.zeros(b, dtype=torch.int64)
@@ -255,7 +264,8 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _P
     return _Plan(equation, per_bucket, pads, packs, splits, flat, views, out_perm, out_shapes,
                  _grad_equations(ins, out, operands), out_ragged,
                  out_static, structure, tuple(o._meta for o in operands[1:]), int(out_ho[-1]),
-                 tuple(s[o._ragged[-1]] if o._ragged else "" for s, o in zip(ins, operands)))
+                 tuple(s[o._ragged[-1]] if o._ragged else "" for s, o in zip(ins, operands)),
+                 tuple(tuple(ids) for ids in groups))
 
 
 def _grad_equations(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> list[str] | None:
@@ -319,8 +329,13 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
     if plan is None:
         return None
     vals = [values_of(o) for o in operands]
-    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None else None
-    if fused is not None:  # softmax(x) @ v: one node from x, its backward in the buckets
+    attended = pending.attention(ins, out, operands, vals, plan, _build)
+    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None and attended is None else None
+    if attended is not None:  # softmax(a . b * c + terms) . v pending: one node in the buckets
+        packed = attended
+    elif pending.deferrable(plan, out, vals):  # scores: pending until used
+        packed = pending.contract(plan, *vals)
+    elif fused is not None:  # softmax(x) @ v: one node from x, its backward in the buckets
         j, x, y = fused
         other = vals[1 - j]
         packed = _SoftmaxContract.apply(plan, j, x, other, y.detach())

@@ -1,0 +1,312 @@
+"""Deferred attention scores (padless.ops.pairs.pending): a bucketed contraction whose result's
+last dim is ragged returns pending rows; scale / ``+ term`` extend the recipe; the softmax
+over the last ragged dim is pending too; ``softmax(...) @ v`` runs as one node in buckets
+(padless.ops.pairs.attend.Attention). Every case is checked sample by sample against the
+dense computation on each sample alone (values and gradients of every input, float64), on
+ragged batches with an empty sample and on one-sample batches, and the fused node's mode is
+checked (gradients straight to the recipe's inputs, or through the softmax's input)."""
+
+import pytest
+import torch
+
+import padless
+from padless.ops.pairs import attend, pending
+from padless.testing import check_samples, leaves
+
+BATCHES = {"ragged": [3, 5, 0, 1, 6, 2], "one_sample": [4], "empty_and_one": [0, 1]}
+F64 = torch.float64
+
+
+@pytest.fixture
+def modes(monkeypatch):
+    """Per fused node run: 'direct' (gradients to a, b, terms) or 'x' (through the softmax's input)."""
+    calls = []
+    real = attend.Attention.forward
+
+    def counting(ctx, sp, a, b, v, x, *terms):
+        calls.append("x" if x is not None else "direct")
+        return real(ctx, sp, a, b, v, x, *terms)
+
+    monkeypatch.setattr(attend.Attention, "forward", staticmethod(counting))
+    return calls
+
+
+def _qkv(ns, seed, h=2, d=3):
+    return [leaves([(n, h, d) for n in ns], seed=seed + i, dtype=F64) for i in range(3)]
+
+
+def _bias(ns, seed, h=2):
+    return leaves([(n, n, h) for n in ns], seed=seed, ragged=(0, 1), dtype=F64)
+
+
+@pytest.mark.parametrize("ns", BATCHES.values(), ids=BATCHES.keys())
+def test_boltz_pair_bias_with_mask(ns, modes):
+    """boltz's AttentionPairBias core: einsum, scale after, ``+ bias`` (another structure:
+    the pair state permuted), ``+ (1 - mask) * -inf`` (a key mask broadcast over the rows)."""
+    q, k, v = _qkv(ns, 1)
+    z = _bias(ns, 4)
+    mask = padless.from_list([torch.ones(n, dtype=F64) for n in ns])
+
+    def fn(a, b, c, t):
+        s = torch.einsum("bihd,bjhd->bhij", a, b) / 3 ** 0.5 + t.permute(0, 3, 1, 2)
+        s = s + (1 - mask[:, None, None]) * -1e6
+        return torch.einsum("bhij,bjhd->bihd", s.softmax(dim=-1), c)
+
+    def ref(a, b, c, t):
+        s = torch.einsum("ihd,jhd->hij", a, b) / 3 ** 0.5 + t.permute(2, 0, 1)
+        return torch.einsum("hij,jhd->ihd", s.softmax(-1), c)
+
+    check_samples(fn, ref, [q, k, v, z])
+    assert modes == ["direct"]
+
+
+def test_matmul_scale_first_and_bias_first(modes):
+    """``q @ k^T`` written with matmul on ``(H, N_i, D)`` samples, the scale applied to ``q``
+    first, then ``bias + scores`` and ``- term`` (terms on either side, subtraction)."""
+    ns = BATCHES["ragged"]
+    q, k, v = [leaves([(2, n, 3) for n in ns], seed=10 + i, ragged=(1,), dtype=F64) for i in range(3)]
+    z = leaves([(2, n, n) for n in ns], seed=13, ragged=(1, 2), dtype=F64)
+    w = leaves([(2, n, n) for n in ns], seed=14, ragged=(1, 2), dtype=F64)
+
+    def fn(a, b, c, t, u):
+        s = t + (a * 0.5) @ b.transpose(-1, -2)
+        s = 2.0 * (s - u)
+        return s.softmax(-1) @ c
+
+    check_samples(fn, fn, [q, k, v, z, w])
+    assert modes == ["direct"]
+
+
+def test_scores_used_elsewhere_are_computed(modes):
+    """The scores also feed another result (and are printed): they are computed for that use,
+    values and gradients stay the dense ones."""
+    ns = BATCHES["ragged"]
+    q, k, v = _qkv(ns, 20)
+
+    def fn(a, b, c):
+        s = torch.einsum("bihd,bjhd->bhij", a, b) * 0.7
+        repr(s.values())
+        o = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), c)
+        return o + torch.einsum("bhij,bjhd->bihd", s.tanh(), c)
+
+    def ref(a, b, c):
+        s = torch.einsum("ihd,jhd->hij", a, b) * 0.7
+        return torch.einsum("hij,jhd->ihd", s.softmax(-1), c) + torch.einsum("hij,jhd->ihd", s.tanh(), c)
+
+    check_samples(fn, ref, [q, k, v])
+    assert modes == ["direct"]  # the fused node still ran for softmax(s) @ v
+
+
+def test_weights_used_twice(modes):
+    """The pending softmax also feeds another op: it is computed there, its own backward runs."""
+    ns = BATCHES["ragged"]
+    q, k, v = _qkv(ns, 30)
+
+    def fn(a, b, c):
+        p = (torch.einsum("bihd,bjhd->bhij", a, b) - 0.25).softmax(-1)
+        return torch.einsum("bhij,bjhd->bihd", p, c) + torch.einsum("bhij,bjhd->bihd", p * p, c)
+
+    def ref(a, b, c):
+        p = (torch.einsum("ihd,jhd->hij", a, b) - 0.25).softmax(-1)
+        return torch.einsum("hij,jhd->ihd", p, c) + torch.einsum("hij,jhd->ihd", p * p, c)
+
+    check_samples(fn, ref, [q, k, v])
+    assert modes == ["direct"]
+
+
+def test_in_place_scale_and_bias_extend_the_recipe(modes):
+    """``s *= c`` and ``s += bias`` in place (boltz's triangle attention adds its biases so)
+    change the recipe itself; a softmax taken before keeps the old scores."""
+    ns = BATCHES["ragged"]
+    q, k, v = _qkv(ns, 40)
+    z = _bias(ns, 43)
+
+    def fn(a, b, c, t):
+        s = torch.einsum("bihd,bjhd->bhij", a, b)
+        early = s.softmax(-1)
+        used = early * early  # computed before the change
+        s *= 0.5
+        s += t.permute(0, 3, 1, 2)
+        return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), c) + torch.einsum("bhij,bjhd->bihd", used + early, c)
+
+    def ref(a, b, c, t):
+        s = torch.einsum("ihd,jhd->hij", a, b)
+        early = s.softmax(-1)
+        s = s * 0.5 + t.permute(2, 0, 1)
+        return torch.einsum("hij,jhd->ihd", s.softmax(-1), c) + torch.einsum("hij,jhd->ihd", early * early + early, c)
+
+    check_samples(fn, ref, [q, k, v, z])
+    assert modes == ["direct"]
+
+
+def test_other_in_place_op_computes_the_scores(modes):
+    """An in-place op that is not a scale or a shift (``clamp_``) computes the scores first;
+    no fused node after it."""
+    ns = BATCHES["ragged"]
+    q, k, v = _qkv(ns, 45)
+
+    def fn(a, b, c):
+        s = torch.einsum("bihd,bjhd->bhij", a, b)
+        s.clamp_(max=1.0)
+        return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), c)
+
+    def ref(a, b, c):
+        return torch.einsum("hij,jhd->ihd", torch.einsum("ihd,jhd->hij", a, b).clamp(max=1.0).softmax(-1), c)
+
+    check_samples(fn, ref, [q, k, v])
+    assert modes == []
+
+
+def test_pending_rows_in_a_list_operand():
+    """``torch.cat`` of pending rows (a list operand) computes them."""
+    ns = BATCHES["ragged"]
+    (q, qs), (k, ks), _ = _qkv(ns, 47)
+    with torch.no_grad():
+        s = torch.einsum("bihd,bjhd->bhij", q, k) * 2.0
+        both = torch.cat([s.values(), s.values() + 1.0])
+    # the scores' rows (i, j) of H features, sample after sample, from each sample alone
+    ref = torch.cat([(torch.einsum("ihd,jhd->hij", a, b) * 2.0).permute(1, 2, 0).reshape(-1, 2)
+                     for a, b in zip(qs, ks)]).detach()
+    torch.testing.assert_close(both, torch.cat([ref, ref + 1.0]))
+
+
+def test_term_changed_in_place_before_use_raises():
+    """A term changed in place after it entered the recipe would silently change the scores:
+    it raises, naming the fix."""
+    ns = BATCHES["ragged"]
+    (q, _), (k, _), (v, _) = _qkv(ns, 50)
+    z = padless.from_list([torch.randn(2, n, n, dtype=F64) for n in ns], ragged_dims=(1, 2))
+    s = torch.einsum("bihd,bjhd->bhij", q, k) + z
+    z.add_(1.0)
+    with pytest.raises(RuntimeError, match="changed in place"):
+        torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
+
+
+@pytest.mark.parametrize("ns", BATCHES.values(), ids=BATCHES.keys())
+def test_term_with_unknown_history_goes_through_the_softmax_input(ns, modes):
+    """A key bias that needs a gradient, broadcast over the rows (read onto them inside an op
+    recorded on NestedTensors): the node takes the softmax's input, gradients still exact."""
+    q, k, v = _qkv(ns, 60)
+    kb = leaves([(n,) for n in ns], seed=63, dtype=F64)
+
+    def fn(a, b, c, t):
+        s = torch.einsum("bihd,bjhd->bhij", a, b) + t[:, None, None]
+        return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), c)
+
+    def ref(a, b, c, t):
+        return torch.einsum("hij,jhd->ihd", (torch.einsum("ihd,jhd->hij", a, b) + t).softmax(-1), c)
+
+    check_samples(fn, ref, [q, k, v, kb])
+    assert modes == ["x"]
+
+
+def test_inference_and_values_on_the_left(modes):
+    """No gradient: still one node; ``einsum("bjhd,bhij->bihd", v, attn)`` (the weights
+    second) is one node too (the generic per-bucket path)."""
+    ns = BATCHES["ragged"]
+    (q, qs), (k, ks), (v, vs) = _qkv(ns, 70)
+    with torch.no_grad():
+        out = torch.einsum("bhij,bjhd->bihd", (torch.einsum("bihd,bjhd->bhij", q, k) * 0.3).softmax(-1), v)
+        left = torch.einsum("bjhd,bhij->bihd", v, (torch.einsum("bihd,bjhd->bhij", q, k) * 0.3).softmax(-1))
+    assert modes == ["direct", "direct"]
+    for got, got_left, a, b, c in zip(out.unbind(), left.unbind(), qs, ks, vs):
+        ref = torch.einsum("hij,jhd->ihd", (torch.einsum("ihd,jhd->hij", a, b) * 0.3).softmax(-1), c).detach()
+        torch.testing.assert_close(got, ref)
+        torch.testing.assert_close(got_left, ref)
+
+
+def test_generic_and_fast_paths_agree():
+    """The generic per-bucket path (any equation) and the fast ``bmm`` one give the same
+    values and gradients."""
+    ns = BATCHES["ragged"]
+    (q, _), (k, _), (v, _) = _qkv(ns, 80)
+    z, _ = _bias(ns, 83)
+    results = []
+    for fast in (True, False):
+        real = attend.spec
+
+        def spec(*args, _real=real, _fast=fast):
+            sp = _real(*args)
+            return sp if _fast else attend.Spec(sp.p1, sp.p2, sp.j, sp.dim, sp.alpha, sp.coefs, None)
+
+        attend.spec = spec
+        try:
+            for t in (q, k, v, z):
+                t.grad = None
+            s = torch.einsum("bihd,bjhd->bhij", q, k) * 0.5 + z.permute(0, 3, 1, 2)
+            out = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), v)
+            out.values().pow(2).sum().backward()
+            results.append([out.values().detach()] + [t.grad.values().clone() for t in (q, k, v, z)])
+        finally:
+            attend.spec = real
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("key_bias", [False, True], ids=["direct", "softmax_input"])
+def test_fused_node_gradients_twice(key_bias, modes):
+    """Double backward through the fused node (both modes), float64."""
+    ns = (2, 0, 3, 1)
+    g = torch.Generator().manual_seed(0)
+    q = padless.from_list([torch.randn(n, 2, 2, dtype=F64, generator=g) for n in ns])
+    k = padless.from_list([torch.randn(n, 2, 2, dtype=F64, generator=g) for n in ns])
+    v = padless.from_list([torch.randn(n, 2, 2, dtype=F64, generator=g) for n in ns])
+    z = padless.from_list([torch.randn(n, n, 2, dtype=F64, generator=g) for n in ns], ragged_dims=(0, 1))
+    kb = padless.from_list([torch.randn(n, dtype=F64, generator=g) for n in ns])
+    leaves_ = [t.values().clone().requires_grad_() for t in (q, k, v, z, kb)]
+
+    def fn(qv, kv, vv, zv, bv):
+        a, b, c, t, u = (_like(x, o) for x, o in zip((qv, kv, vv, zv, bv), (q, k, v, z, kb)))
+        s = torch.einsum("bihd,bjhd->bhij", a, b) * 0.5 + t.permute(0, 3, 1, 2)
+        if key_bias:
+            s = s + u[:, None, None]
+        return torch.einsum("bhij,bjhd->bihd", s.softmax(-1), c).values()
+
+    torch.autograd.gradcheck(fn, leaves_)
+    torch.autograd.gradgradcheck(fn, leaves_)
+    assert set(modes) == {"x" if key_bias else "direct"}
+
+
+def _like(values, like):
+    from padless.tensor.autograd import nested_from_values
+
+    return nested_from_values(values, like._offsets, like._sizes, like._ragged, like._env, like._meta)
+
+
+def test_disabled_runs_every_op(modes):
+    """``pending.ENABLED = False``: no deferral, same values."""
+    ns = BATCHES["ragged"]
+    q, k, v = _qkv(ns, 90)
+    pending.ENABLED = False
+    try:
+        def fn(a, b, c):
+            return torch.einsum("bhij,bjhd->bihd", (torch.einsum("bihd,bjhd->bhij", a, b) * 0.4).softmax(-1), c)
+
+        def ref(a, b, c):
+            return torch.einsum("hij,jhd->ihd", (torch.einsum("ihd,jhd->hij", a, b) * 0.4).softmax(-1), c)
+
+        check_samples(fn, ref, [q, k, v])
+    finally:
+        pending.ENABLED = True
+    assert modes == []
+
+
+@pytest.mark.parametrize("ns", BATCHES.values(), ids=BATCHES.keys())
+def test_baddbmm_bias(ns, modes):
+    """``torch.baddbmm(bias, q, k^T, alpha=c)`` on ``(N_i, D)`` samples (one head), then
+    softmax and ``@ v``: the same fused node, gradients to the bias too."""
+    q, k, v = [leaves([(n, 3) for n in ns], seed=100 + i, dtype=F64) for i in range(3)]
+    z = leaves([(n, n) for n in ns], seed=103, ragged=(0, 1), dtype=F64)
+
+    def fn(a, b, c, t):
+        s = torch.baddbmm(t, a, b.transpose(-1, -2), alpha=0.5)
+        s2 = t.baddbmm(a, b.transpose(-1, -2), beta=2.0)
+        return s.softmax(-1) @ c + s2.softmax(-1) @ c
+
+    def ref(a, b, c, t):
+        s = torch.addmm(t, a, b.transpose(-1, -2), alpha=0.5)
+        s2 = torch.addmm(t, a, b.transpose(-1, -2), beta=2.0)
+        return s.softmax(-1) @ c + s2.softmax(-1) @ c
+
+    check_samples(fn, ref, [q, k, v, z])
+    assert modes == ["direct", "direct"]
