@@ -14,7 +14,13 @@ i.e. what is alive at the end of the forward pass besides parameters; on CUDA th
 also gives ``torch.cuda.max_memory_allocated`` above the parameters.
 
 ``--designs`` also times the spatial-plan layouts on one 3x3 convolution and on the model:
-one shared canvas vs equal tiles with halo vs the per-image loop.
+one shared canvas vs equal tiles with halo vs the per-image loop, and the persistent canvas
+(activations kept on the canvas between layers, :mod:`padless.ops.vision.canvas`), plane shapes
+made for each batch instead of reused (:func:`padless.ops.vision.pack.reuse_plane`) and plane sides
+rounded to a ladder (:func:`padless.ops.vision.pack.plane_side`) against the default (rows between
+layers, plane shapes reused). The designs share one process, so oneDNN's per-shape kernel cache: a design that makes the
+same plane shapes as another can find its kernels built by it (compare designs by separate runs
+when a difference is small).
 
 ``--compile`` times the train step compiled (``torch.compile(fullgraph=True)``, inductor by
 default): eager padless vs compiled padless (``padless.vision.prepare_for_compile`` per batch)
@@ -41,7 +47,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import padless
-from padless.ops.vision import spatial
+from padless.ops.vision import canvas, pack, spatial
 from padless.testing.bench import Row, print_table
 from padless.testing.vision import ResNetish, random_image_sizes
 
@@ -118,10 +124,17 @@ def cuda_peak(fn: Callable[[], None], dev: str) -> int:
     return torch.cuda.max_memory_allocated() - base
 
 
-DESIGNS = {  # --designs: padless with another choice of the spatial module (attribute -> value)
-    "tiles": {"DEFAULT_LAYOUT": "tiles"},
-    "NCHW canvas": {"CANVAS_FORMAT": "contiguous"},
+DESIGNS = {  # --designs: padless with another choice of the spatial / canvas modules (attribute -> value)
+    "persistent canvas": {"CANVAS_PERSIST": True},
+    "fresh plane shapes": {"REUSE_PLANES": False},
+    "quantized plane sides": {"QUANTIZE": True},
+    "tiles": {"DEFAULT_LAYOUT": "tiles", "CANVAS_PERSIST": False},
+    "NCHW canvas": {"CANVAS_FORMAT": "contiguous", "CANVAS_PERSIST": False},
 }
+
+
+def _module_of(attr: str):
+    return next(m for m in (spatial, canvas, pack) if hasattr(m, attr))
 
 
 def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None:
@@ -142,14 +155,14 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
         runs = make_runs(model, imgs, labels, dev)
         for lay in layouts:  # extra rows: padless with another design choice
             def run_layout(lay=lay):
-                old = {k: getattr(spatial, k) for k in DESIGNS[lay]}
+                old = {k: getattr(_module_of(k), k) for k in DESIGNS[lay]}
                 for k, val in DESIGNS[lay].items():
-                    setattr(spatial, k, val)
+                    setattr(_module_of(k), k, val)
                 try:
                     runs["padless"]()
                 finally:
                     for k, val in old.items():
-                        setattr(spatial, k, val)
+                        setattr(_module_of(k), k, val)
             runs[f"padless ({lay})"] = run_layout
         names = list(runs)
         names = names[r % len(names):] + names[: r % len(names)]  # rotate the order every round
@@ -201,24 +214,25 @@ def design_table(args: argparse.Namespace) -> None:
 
         def with_layout(lay: str) -> Callable[[], None]:
             def run() -> None:
-                old = spatial.DEFAULT_LAYOUT
-                spatial.DEFAULT_LAYOUT = lay
+                old, persist = spatial.DEFAULT_LAYOUT, canvas.CANVAS_PERSIST
+                spatial.DEFAULT_LAYOUT = "canvas" if lay == "persistent canvas" else lay
+                canvas.CANVAS_PERSIST = lay == "persistent canvas"
                 try:
                     xx = x.detach().requires_grad_()
                     conv(xx).values().sum().backward()
                 finally:
-                    spatial.DEFAULT_LAYOUT = old
+                    spatial.DEFAULT_LAYOUT, canvas.CANVAS_PERSIST = old, persist
             return run
 
         def loop() -> None:
             for im in imgs:
                 conv(im[None].requires_grad_()).sum().backward()
 
-        runs = {"canvas": with_layout("canvas"), "tiles": with_layout("tiles"), "per-image loop": loop}
-        for lay in ("canvas", "tiles"):  # plans are built once per structure (cached): build them first
+        runs = {"persistent canvas": with_layout("persistent canvas"), "canvas": with_layout("canvas"), "tiles": with_layout("tiles"), "per-image loop": loop}
+        for lay in ("persistent canvas", "canvas", "tiles"):  # plans are built once per structure (cached): build them first
             with_layout(lay)()
         t = {}
-        for n in list(runs)[r % 3:] + list(runs)[: r % 3]:
+        for n in list(runs)[r % len(runs):] + list(runs)[: r % len(runs)]:
             _sync(dev)
             t0 = CLOCK()
             runs[n]()

@@ -43,7 +43,10 @@ from padless.ops.vision.spatial import (
     too_small_error,
 )
 from padless.tensor.autograd import values_of
+from padless.ops.vision import canvas as canvas_mod
 from padless.ops.vision import traced as vision_traced
+from padless.ops.vision.canvas import canvas_of, from_relu, wrap_canvas
+from padless.ops.vision.canvas_ops import CanvasConv, Relay, relay_index
 from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
@@ -196,6 +199,105 @@ def _patch_conv(x: NestedTensor, weight: Tensor, bias: Tensor | None, kh: int, k
     return images_like(out, o, _cache_for(grid, tok_off, (1, 2)), x)
 
 
+def canvas_setup(op: str, x: NestedTensor, g: Geometry, channels: int, dense: Callable[[Tensor], Any], key: Any, fill: float = 0.0):
+    """A layer on the persistent canvas (:mod:`padless.ops.vision.canvas`): ``(input plane (P, C),
+    its (Hc, Wc), its gaps or None, native padding, re-lay indices or None, output gaps (same
+    layout) or None, output layout, output structure cache)``, or ``None`` where the layer takes
+    the rows path (compile, autocast, dtype mismatch, asymmetric padding, ceil mode, 1-D)."""
+    cv = canvas_of(x)
+    if not canvas_mod.CANVAS_PERSIST or g.transposed or g.ceil_mode:
+        return None
+    pt, pb, pl, pr = g.padding
+    if pt != pb or pl != pr or x.sample_dim != 3 or x._ragged != (1, 2):
+        return None
+    dev = x._offsets.device
+    if cv is None and (_is_traced(x._values) or x._values.dim() != 2):
+        return None
+    if torch.is_autocast_enabled(dev.type) or (cv is not None and not cv[0].dtype.is_floating_point):
+        return None
+    cache = _cache_of(op, x)
+    info = cache.plans.get(("canvas_out", g))
+    if info is None:
+        hw = cache.hw.tolist()
+        outs = [(g.out_size(h, 0), g.out_size(w, 1)) if h > 0 and w > 0 else (0, 0) for h, w in hw]
+        odd = any(h * w == 0 for h, w in hw) or any(a <= 0 or b <= 0 for (a, b), (h, w) in zip(outs, hw) if h * w)
+        outs = [(a, b) if a > 0 and b > 0 else (0, 0) for a, b in outs]
+        ohw = torch.tensor(outs, dtype=torch.int64).view(-1, 2)
+        same = g.stride == (1, 1) and 2 * pt == g.extent[0] - 1 and 2 * pl == g.extent[1] - 1
+        ocache = cache if same else _cache_for(ohw, layout_offsets(ohw), cache.ragged)
+        info = (outs, ocache, odd, same)
+        cache.plans[("canvas_out", g)] = info
+    outs, ocache, odd, same = info
+    if cv is not None and cv[1].fits((pt, pl), g.stride):
+        if odd or (op, key, g) not in _VALID:  # torch's errors (a too-small image, the arguments): the rows path's check
+            _validate(op, spatial_plan(op, x, g), channels, dense, key=key)
+        xc, lay = cv
+        gaps = lay.indices(dev)[2]
+        # a ReLU's output needs neither its gaps' gradient zeroed (ReLU's backward does it) nor,
+        # for max pooling, its zero gaps set to -inf (every window holds a real pixel >= 0; where
+        # all of them are 0 the maximum's gradient, wherever it lands, meets ReLU's derivative 0)
+        in_gaps = None if from_relu(x) else gaps
+        if same:
+            return xc, (lay.hc, lay.wc), in_gaps, [pt, pl], None, gaps, lay, ocache
+        if g.extent == (1, 1) and (pt, pl) == (0, 0) and g.stride[0] == g.stride[1]:  # strided 1x1: read the plane itself
+            bases = [y * lay.wc + xx for y, xx in lay.origins]
+            relay, lay2 = relay_index(lay.relays, bases, (lay.hc, lay.wc), outs, ocache, dev, g.stride[0])
+            return xc, (lay.hc, lay.wc), in_gaps, [0, 0], (*relay, "1x1"), None, lay2, ocache
+        native = ((lay.hc + 2 * pt - g.extent[0]) // g.stride[0] + 1, (lay.wc + 2 * pl - g.extent[1]) // g.stride[1] + 1)
+        bases = [(y // g.stride[0]) * native[1] + xx // g.stride[1] for y, xx in lay.origins]
+        relay, lay2 = relay_index(lay.relays, bases, native, outs, ocache, dev)
+        return xc, (lay.hc, lay.wc), in_gaps, [pt, pl], relay, None, lay2, ocache
+    # rows (or a canvas whose gaps are too narrow): the layer's spatial plan puts them on its own
+    # canvas (a plan the Collator may have built in its worker), padding included
+    plan = spatial_plan(op, x, g)
+    _validate(op, plan, channels, dense, key=key)
+    if plan.grids is None or plan.blocks[0] != 1 or plan.blocks[1] == 0 or int(plan.out_offsets[-1]) == 0:
+        return None  # the tiles layout (--designs), or no output pixel
+    xc = _flat_rows(RowsToBlocks.apply(values_of(x), plan, fill))
+    relay, lay2 = relay_index(plan._divisors, plan.grids[2], plan.out_blocks[1:], outs, ocache, dev)
+    return xc, plan.blocks[1:], None, [0, 0], relay, None, lay2, ocache
+
+
+def _flat_rows(b: Tensor) -> Tensor:
+    f = b.permute(0, 2, 3, 1).reshape(-1, b.shape[1])
+    return f if f.is_contiguous() else f.contiguous()
+
+
+def layout_offsets(hw: Tensor) -> Tensor:
+    from padless.tensor import layout
+
+    return layout.offsets_from_counts(hw.prod(1))
+
+
+def _canvas_conv(x: NestedTensor, weight: Tensor, bias: Tensor | None, g: Geometry, groups: int, windowed: bool) -> NestedTensor | None:
+    """conv2d on the persistent canvas, or ``None`` (the rows path)."""
+    if not canvas_mod.CANVAS_PERSIST or (canvas_of(x) is None and not windowed):
+        return None
+    c = x._env[0]
+    st, dil = g.stride, g.dilation
+    dense = lambda t: F.conv2d(t, weight.to("meta"), None, st, (g.padding[0], g.padding[2]), dil, groups)
+    got = canvas_setup("conv2d", x, g, c, dense, (tuple(weight.shape), weight.dtype, groups, c))
+    if got is None:
+        return None
+    xc, plane, in_gaps, pad, relay, out_gaps, lay2, ocache = got
+    if g.kernel == (1, 1) and pad == [0, 0] and groups == 1 and relay is not None and len(relay) == 5:
+        # a strided 1x1 layer (a projection): its pixels gathered from the plane, then a matmul
+        yc = F.linear(Relay.apply(xc, *relay[:4]), weight.flatten(1), bias)
+        if bias is not None:
+            yc.index_fill_(0, layout_gaps(lay2, yc.device), 0.0)
+    elif g.kernel == (1, 1) and pad == [0, 0] and groups == 1 and relay is None:
+        yc = F.linear(xc, weight.flatten(1), bias)  # a 1x1 layer: a matmul on the plane
+        if bias is not None:
+            yc.index_fill_(0, layout_gaps(lay2, yc.device), 0.0)
+    else:
+        yc = CanvasConv.apply(xc, weight, bias, plane, in_gaps, list(st), pad, list(dil), groups, out_gaps, relay)
+    return wrap_canvas(yc, lay2, weight.shape[0], ocache, x)
+
+
+def layout_gaps(lay, device) -> Tensor:
+    return lay.indices(device)[2]
+
+
 @implements(F.conv2d, accepts="packed images (C, H_i, W_i), dense weight, dense bias")
 def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None, stride=1, padding=0, dilation=1, groups: int = 1) -> NestedTensor:
     """``F.conv2d`` / ``nn.Conv2d`` on every image alone: output ``(O, oh_i, ow_i)``.
@@ -216,6 +318,10 @@ def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None
     pad = _padding("conv2d", padding, k, st, dil)
     if x._ragged != (1, 2):
         image_hw("conv2d", x)  # raises: names the layout it expects
+    if canvas_of(x) is not None and isinstance(groups, int) and groups > 0 and weight.shape[1] * groups == x._env[0]:
+        out = _canvas_conv(x, weight, bias, Geometry(k, st, pad, dil), groups, True)
+        if out is not None:
+            return out
     c = x._values.shape[1]
     if isinstance(groups, int) and groups > 0 and weight.shape[1] * groups != c:
         raise ValueError(
@@ -235,6 +341,9 @@ def conv2d(func, input: NestedTensor, weight: Tensor, bias: Tensor | None = None
         return _patch_conv(x, weight, bias, *k)
     if k == (1, 1) and pad == (0, 0, 0, 0) and groups == 1 and bool((image_hw("conv2d", x)[0] > 0).all()):
         return _strided_1x1(x, weight, bias, st)  # a strided projection: no window overlaps, no canvas
+    out = _canvas_conv(x, weight, bias, g, groups, True)
+    if out is not None:
+        return out
     plan = spatial_plan("conv2d", x, g)
     _validate("conv2d", plan, x._values.shape[1], lambda t: F.conv2d(t, weight.to("meta"), None, st, pad[::2], dil, groups),
               key=(tuple(weight.shape), weight.dtype, groups, x._values.shape[1]))

@@ -33,6 +33,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.common.structure import call
+from padless.ops.vision.canvas import canvas_of, wrap_canvas
+from padless.ops.vision.canvas_ops import CanvasBatchNorm, update_running
+from padless.ops.vision.spatial import _cache_of
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
@@ -73,6 +76,11 @@ def batch_norm(
     >>> y = bn(x)      # mean/var over the 36 real pixels; running stats updated once
     """
     x = _channels_first("batch_norm", input, running_mean, running_var, weight, bias)
+    cv = canvas_of(x)
+    if cv is not None:
+        out = _canvas_batch_norm(x, cv, running_mean, running_var, weight, bias, training, momentum, eps)
+        if out is not None:
+            return out
     v = values_of(x)
     # Rows (T, C) seen as a channels-last (1, C, T, 1) batch: torch's vectorised channels-last
     # kernels (one pass per statistic, forward and backward), where a (T, C) input would take
@@ -88,6 +96,30 @@ def batch_norm(
     except (ValueError, RuntimeError) as e:
         raise type(e)(f"batch_norm(): over the {v.shape[0]} real positions of the batch: {e}") from None
     return rewrap(out.squeeze(-1).squeeze(0).t() if v.dim() == 2 else out, x)
+
+
+def _canvas_batch_norm(x, cv, running_mean, running_var, weight, bias, training, momentum, eps):
+    """Batch norm of a canvas tensor on its canvas (statistics over the real pixels), or ``None``."""
+    xc, lay = cv
+    if (training and lay.N < 2) or xc.dtype not in (torch.float32, torch.float64) or torch.is_autocast_enabled(xc.device.type):
+        return None  # the rows path: torch's own error / dtype handling
+    if any(t is not None and (t.dtype != xc.dtype or t.shape != (xc.shape[1],)) for t in (weight, bias)):
+        return None
+    if training:
+        y, mean, var = CanvasBatchNorm.apply(xc, weight, bias, lay, eps)
+        if running_mean is not None or running_var is not None:
+            update_running(running_mean, running_var, mean, var, lay.N, 0.0 if momentum is None else momentum)
+    else:
+        if running_mean is None or running_var is None:
+            return None
+        scale = torch.rsqrt(running_var.to(xc.dtype) + eps)
+        scale = scale if weight is None else weight * scale
+        shift = -running_mean.to(xc.dtype) * scale if bias is None else bias - running_mean.to(xc.dtype) * scale
+        y = torch.addcmul(shift, xc, scale)
+        gaps = lay.indices(xc.device)[2]
+        if gaps.numel():
+            y.index_fill_(0, gaps, 0.0)
+    return wrap_canvas(y, lay, xc.shape[1], _cache_of("batch_norm", x), x)
 
 
 @implements(torch.batch_norm, accepts="packed (C, *spatial), dense weight, bias, running stats")

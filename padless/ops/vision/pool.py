@@ -22,7 +22,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.vision.batch_dense import batch_dense
-from padless.ops.vision.conv import _on_blocks, _validate
+from padless.ops.vision import canvas as canvas_mod
+from padless.ops.vision.canvas import wrap_canvas
+from padless.ops.vision.canvas_ops import canvas_max_pool
+from padless.ops.vision.conv import _on_blocks, _validate, canvas_setup
 from padless.ops.vision.spatial import Geometry, _cache_of, images_like, spatial_plan, to_pair, to_padding
 from padless.tensor.autograd import rewrap, values_of
 from padless.ops.vision import traced as vision_traced
@@ -67,6 +70,9 @@ def max_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, d
             "own H_i*W_i have no packed form yet); pool with return_indices=False, or per image on x.unbind()"
         )
     g = _geometry("max_pool2d", kernel_size, stride, padding, dilation, ceil_mode)
+    out = _canvas_max_pool(x, g)
+    if out is not None:
+        return out
     if _is_traced(x._values):  # torch.compile: see padless.ops.vision.compiled
         return vision_traced.traced_pool("max_pool2d", x, g, (kernel_size, stride, padding, dilation, ceil_mode))
     plan = spatial_plan("max_pool2d", x, g)
@@ -78,6 +84,21 @@ def max_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, d
         return _on_blocks(plan, x, c, lambda blk: blk)  # empty output
     out = _PlanMaxPool.apply(v, plan, list(g.kernel), list(g.stride), list(g.dilation))
     return images_like(out, c, plan.cache, x)  # type: ignore[arg-type]
+
+
+def _canvas_max_pool(x: NestedTensor, g: Geometry) -> NestedTensor | None:
+    """max_pool2d on the persistent canvas (:mod:`padless.ops.vision.canvas`), or ``None``."""
+    if not canvas_mod.CANVAS_PERSIST or g.dilation != (1, 1):
+        return None
+    c = x._env[0]
+    pad = (g.padding[0], g.padding[2])
+    dense = lambda t: F.max_pool2d(t, g.kernel, g.stride, pad, g.dilation, g.ceil_mode)
+    got = canvas_setup("max_pool2d", x, g, c, dense, c, fill=float("-inf"))
+    if got is None:
+        return None
+    xc, plane, in_gaps, npad, relay, out_gaps, lay2, ocache = got
+    yc = canvas_max_pool(xc, plane, in_gaps, list(g.kernel), list(g.stride), npad, out_gaps, relay)
+    return wrap_canvas(yc, lay2, c, ocache, x)
 
 
 class _PlanMaxPool(torch.autograd.Function):

@@ -52,6 +52,13 @@ batch of a dozen images at 200 x 200.
 
 The Collator can build a batch's first-layer plan in its worker with
 :func:`build_spatial_plan`; the plan travels with the batch's metadata.
+
+A batch of new image sizes runs on a canvas shape an earlier batch used when its boxes fit one at
+most 15% larger (:func:`~padless.ops.vision.pack.reuse_plane`): oneDNN builds a convolution for
+every new shape, and a first call costs about twice a call on a known shape.
+
+Activations kept on one canvas between layers (batch norm, ReLU and adds on the canvas too) are
+the opt-in design of :mod:`padless.ops.vision.canvas` (measured slower on the CPU, see there).
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.host import host_structure
-from padless.ops.vision.pack import grid_index, grid_sources, pack_boxes
+from padless.ops.vision.pack import grid_index, grid_sources, pack_boxes, plane_side, reuse_plane
 from padless.ops.vision.window_args import conv_padding, to_padding, to_pair  # noqa: F401  (re-exported)
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced
@@ -449,8 +456,9 @@ def _canvas(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
         ho, wo = (hc - 1) * sh + eh, (wc - 1) * sw + ew
     else:  # room for the windows of the boxes at the bottom and right edges
         live = [i for i in range(len(h)) if oh[i] > 0 and ow[i] > 0]
-        hc = max([hc, eh] + [pos[i][0] + max(pt + h[i], (oh[i] - 1) * sh + eh) for i in live])
-        wc = max([wc, ew] + [pos[i][1] + max(pl + w[i], (ow[i] - 1) * sw + ew) for i in live])
+        extent = lambda p: (plane_side(max([eh] + [p[i][0] + max(pt + h[i], (oh[i] - 1) * sh + eh) for i in live])),  # noqa: E731
+                            plane_side(max([ew] + [p[i][1] + max(pl + w[i], (ow[i] - 1) * sw + ew) for i in live])))
+        pos, hc, wc = reuse_plane((g, "canvas"), boxes, align, extent, pos, *extent(pos))
         ho, wo = (hc - eh) // sh + 1, (wc - ew) // sw + 1
     y0, x0 = [p[0] for p in pos], [p[1] for p in pos]
     if g.transposed:
