@@ -178,6 +178,8 @@ FUNCTION_CASES = {
     "torch.Tensor.__rmatmul__": lambda a, b: torch.Tensor.__rmatmul__(b, a.transpose(1, 2)),
     "torch.bmm": lambda a, b: torch.bmm(a.transpose(1, 2), b),
     "torch.Tensor.bmm": lambda a, b: a.transpose(1, 2).bmm(b),
+    "torch.baddbmm": lambda a, b: torch.baddbmm(torch.ones(3, 3), a.transpose(1, 2), b, alpha=0.5),
+    "torch.Tensor.baddbmm": lambda a, b: torch.ones(3, 3).baddbmm(a.transpose(1, 2), b),
     "torch.functional.einsum": lambda a, b: torch.einsum("bji,bjk->bik", a, b),
     "torch.cat": lambda a, b: torch.cat([a, b], dim=2),
     "torch.concat": lambda a, b: torch.concat([a, b], dim=2),
