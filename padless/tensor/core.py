@@ -286,10 +286,9 @@ class NestedTensor(Tensor):
 
     def values(self) -> Tensor:  # type: ignore[override]
         """Packed buffer ``(T, *static)``, differentiable (gradients reach this NestedTensor).
-
-        Never syncs; no copy.
-        """
-        return values_of(self)
+        Never syncs; no copy (deferred rows, ``ops.pairs.pending``, are computed when read)."""
+        v = values_of(self)
+        return v.view(v.shape) if getattr(type(v), "padless_deferred", False) else v
 
     def offsets(self) -> Tensor:
         """Row offsets into ``values``, int64 ``(B+1,)`` on the values' device. Never syncs.

@@ -78,14 +78,13 @@ def test_matmul_scale_first_and_bias_first(modes):
 
 
 def test_scores_used_elsewhere_are_computed(modes):
-    """The scores also feed another result (and are printed): they are computed for that use,
+    """The scores also feed another result: they are computed for that use (the recipe stands),
     values and gradients stay the dense ones."""
     ns = BATCHES["ragged"]
     q, k, v = _qkv(ns, 20)
 
     def fn(a, b, c):
         s = torch.einsum("bihd,bjhd->bhij", a, b) * 0.7
-        repr(s.values())
         o = torch.einsum("bhij,bjhd->bihd", s.softmax(-1), c)
         return o + torch.einsum("bhij,bjhd->bihd", s.tanh(), c)
 
@@ -310,3 +309,23 @@ def test_baddbmm_bias(ns, modes):
 
     check_samples(fn, ref, [q, k, v, z])
     assert modes == ["direct", "direct"]
+
+
+def test_values_of_deferred_scores_is_a_plain_differentiable_tensor():
+    """``NestedTensor.values()`` is public: it hands out the computed rows as a plain tensor
+    (``numpy()`` and ``type(t) is torch.Tensor`` checks work), and gradients flow through it."""
+    (q, qs), (k, ks), _ = _qkv(BATCHES["ragged"], 7)
+    want = [torch.einsum("ihd,jhd->hij", a, b) * 0.5 for a, b in zip(qs, ks)]
+    s = torch.einsum("bihd,bjhd->bhij", q, k) * 0.5
+    assert type(s._values) is pending.Pending  # deferred inside the NestedTensor
+    repr(s)  # printing reads the rows
+    rows = s.values()
+    assert type(rows) is torch.Tensor
+    assert rows.detach().numpy().shape == tuple(rows.shape)
+    for got, w in zip(s.unbind(), want):
+        torch.testing.assert_close(got, w)
+    rows.square().sum().backward()
+    sum(w.square().sum() for w in want).backward()
+    for nt, dense in ((q, qs), (k, ks)):
+        for g, d in zip(nt.grad.unbind(), dense):
+            torch.testing.assert_close(g, d.grad)

@@ -138,6 +138,7 @@ class Pending(Tensor):
     """Rows whose values are a recipe (see the module docstring); computed on first use."""
 
     _thunk: _Thunk
+    padless_deferred = True  # NestedTensor.values() hands out the computed rows, a plain tensor
 
     @staticmethod
     def __new__(cls, thunk: _Thunk, requires_grad: bool = False) -> Pending:
