@@ -41,7 +41,6 @@ Layout of ``q (N_i, H, N_i, E) @ k^T (N_i, H, E, N_i)`` for ``N = (2, 1)``, ``H 
 from __future__ import annotations
 
 import ast
-import collections
 import functools
 from typing import Any, Callable, Sequence
 
@@ -50,11 +49,11 @@ from torch import Tensor
 
 from padless.ops.common.broadcast import PLAN_PROVIDERS, Plan
 from padless.ops.common.carried import DROP_COUNT, MAX_DROP
+from padless.ops.common.islands import rebuilt
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced
 from padless.tensor.errors import StructureError
-from padless.tensor.structure import envelope_from_sizes
 from padless.tensor.traced import autograd_inside_op, total_carrier, traced_sum
 from padless.tensor.traced_checks import check_same_sizes
 
@@ -92,25 +91,11 @@ def _spec(spec: str) -> tuple:
     return ast.literal_eval(spec)
 
 
-_METAS: "collections.OrderedDict[Any, StructureMeta]" = collections.OrderedDict()
-_META_LIMIT = 64
-
-
 def _eager(v: Tensor, offsets: Tensor, sizes: Tensor, ragged: Sequence[int]) -> NestedTensor:
     """An operand as an eager NestedTensor (host sizes read at run time: free on the CPU, one
     copy on a device); its structure, and every plan cached on it, is kept for the next call
     with the same sizes (the backward, the next step)."""
-    hs, ho = sizes.cpu(), offsets.cpu()
-    key = (tuple(ragged), hs.numpy().tobytes(), tuple(hs.shape), ho.numpy().tobytes(), v.device)
-    meta = _METAS.get(key)
-    if meta is None:
-        meta = _METAS[key] = StructureMeta(hs, ho)
-        if len(_METAS) > _META_LIMIT:
-            _METAS.popitem(last=False)
-    else:
-        _METAS.move_to_end(key)
-    env = envelope_from_sizes(hs, tuple(ragged), v.shape[1:])
-    return nested_from_values(v, offsets, sizes, tuple(ragged), env, meta)
+    return rebuilt(v, offsets, sizes, ragged, sizes.cpu(), offsets.cpu())
 
 
 def _run(name: str, spec: str, values, offsets, sizes, out_ragged: Sequence[int]) -> NestedTensor:

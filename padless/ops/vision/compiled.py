@@ -56,7 +56,6 @@ arguments.
 from __future__ import annotations
 
 import ast
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -66,6 +65,7 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 from torch import Tensor
 
+from padless.ops.common.islands import rebuilt
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import (
@@ -73,7 +73,6 @@ from padless.tensor.core import (
     NestedTensor,
     StructureMeta,
     _weak_dynamic,
-    envelope_from_sizes,
     register_auto_carrier,
     register_carried,
 )
@@ -412,10 +411,6 @@ def _spec(spec: str) -> tuple:
     return ast.literal_eval(spec)
 
 
-_METAS: "collections.OrderedDict[Any, StructureMeta]" = collections.OrderedDict()
-_META_LIMIT = 64
-
-
 def _eager_input(v: Tensor, sizes: Tensor, offsets: Tensor, ragged: Sequence[int], hw: Tensor | None) -> NestedTensor:
     """The op's input as an eager NestedTensor; its structure (and every plan cached on it) is
     kept for the next calls of the same sizes (backward, the next step). ``hw``: the host sides
@@ -426,17 +421,7 @@ def _eager_input(v: Tensor, sizes: Tensor, offsets: Tensor, ragged: Sequence[int
         static = sizes.shape[1] - 2
         hs = torch.cat([torch.tensor(list(v.shape[1 : 1 + static]), dtype=torch.int64).expand(hw.shape[0], static), hw], 1)
         ho = layout.offsets_from_counts(hw[:, 0] * hw[:, 1])
-    key = (tuple(ragged), hs.numpy().tobytes(), ho.numpy().tobytes(), v.device)
-    meta = _METAS.get(key)
-    if meta is None:
-        meta = StructureMeta(hs, ho)
-        _METAS[key] = meta
-        if len(_METAS) > _META_LIMIT:
-            _METAS.popitem(last=False)
-    else:
-        _METAS.move_to_end(key)
-    env = envelope_from_sizes(hs, tuple(ragged), v.shape[1:])
-    return nested_from_values(v, offsets, sizes, tuple(ragged), env, meta)
+    return rebuilt(v, offsets, sizes, ragged, hs, ho)
 
 
 @torch.library.custom_op("padless::image_island", mutates_args=())

@@ -1,0 +1,41 @@
+"""NestedTensors rebuilt inside opaque ops when a compiled graph runs.
+
+Opaque ops (``padless::nested_island`` for contractions, ``padless::image_island`` for
+spatial ops) get their operands as inner tensors and run the eager handler on NestedTensors
+rebuilt from them. The structure of such a rebuild is kept, keyed by the host sizes and
+offsets, so the next call with the same sizes (the backward, the next step, the next layer)
+finds every plan the eager handler cached on it."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any, Sequence
+
+from torch import Tensor
+
+from padless.tensor.autograd import nested_from_values
+from padless.tensor.core import NestedTensor, StructureMeta
+from padless.tensor.structure import envelope_from_sizes
+
+LIMIT = 64
+"""Structures kept (LRU)."""
+
+_METAS: "collections.OrderedDict[Any, StructureMeta]" = collections.OrderedDict()
+_LOCK = threading.Lock()
+
+
+def rebuilt(v: Tensor, offsets: Tensor, sizes: Tensor, ragged: Sequence[int], hs: Tensor, ho: Tensor) -> NestedTensor:
+    """The NestedTensor of rows ``v`` with device ``offsets``/``sizes`` and their host copies
+    ``hs``/``ho`` (CPU int64), sharing its structure with earlier rebuilds of the same sizes."""
+    ragged = tuple(ragged)
+    key = (ragged, hs.numpy().tobytes(), tuple(hs.shape), ho.numpy().tobytes(), v.device)
+    with _LOCK:
+        meta = _METAS.get(key)
+        if meta is None:
+            meta = _METAS[key] = StructureMeta(hs, ho)
+            if len(_METAS) > LIMIT:
+                _METAS.popitem(last=False)
+        else:
+            _METAS.move_to_end(key)
+    return nested_from_values(v, offsets, sizes, ragged, envelope_from_sizes(hs, ragged, v.shape[1:]), meta)
