@@ -93,6 +93,17 @@ def test_triangle_attention_scores_softmax_and_values_one_graph(backend):
     _check(_triangle_core, _triangle_inputs, [(0, 2), (0, 2), (0, 2), (0, 3), (2, 3)], backend)
 
 
+def _triangle_log_weights(q, k, tri):
+    """log_softmax over the scores' last ragged dim and over their first (other groups)."""
+    a = torch.matmul(q, k.transpose(-1, -2)) + tri
+    return a.log_softmax(-1) + a.softmax(1)
+
+
+def test_log_softmax_and_softmax_over_other_ragged_dims_of_scores_one_graph():
+    _check(_triangle_log_weights, lambda n, s: [_triangle_inputs(n, s)[i] for i in (0, 1, 4)],
+           [(0, 2), (0, 2), (2, 3)], "aot_eager")
+
+
 def _triangle_end(q, k, v):
     """The ending node: the pair axes swapped first (a ragged transpose), then as above."""
     q, k, v = (t.transpose(0 + 1, 2 + 1) for t in (q, k, v))  # batch dim first: sample dims 0 and 2

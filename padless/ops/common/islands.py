@@ -18,6 +18,10 @@ from padless.tensor.autograd import nested_from_values
 from padless.tensor.core import NestedTensor, StructureMeta
 from padless.tensor.structure import envelope_from_sizes
 
+TRACED_SOFTMAX: list = []
+"""``fn(nt, dim, log) -> NestedTensor | None`` asked first for a softmax along a ragged dim of a
+traced NestedTensor with several ragged dims (registered by :mod:`padless.ops.pairs.traced`)."""
+
 LIMIT = 64
 """Structures kept (LRU)."""
 

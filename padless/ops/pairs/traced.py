@@ -49,7 +49,7 @@ from torch import Tensor
 
 from padless.ops.common.broadcast import PLAN_PROVIDERS, Plan
 from padless.ops.common.carried import DROP_COUNT, MAX_DROP
-from padless.ops.common.islands import rebuilt
+from padless.ops.common.islands import TRACED_SOFTMAX, rebuilt
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced
@@ -84,6 +84,16 @@ def _bmm_body(nts: list, spec: Any) -> NestedTensor:
 @body("einsum")
 def _einsum_body(nts: list, spec: Any) -> NestedTensor:
     return torch.einsum(spec, *nts)
+
+
+@body("softmax")
+def _softmax_body(nts: list, spec: Any) -> NestedTensor:
+    return torch.softmax(nts[0], spec)
+
+
+@body("log_softmax")
+def _log_softmax_body(nts: list, spec: Any) -> NestedTensor:
+    return torch.log_softmax(nts[0], spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -432,3 +442,16 @@ def traced_plan(opname: str, nts: Sequence[NestedTensor]) -> Plan | None:
 
 if traced_plan not in PLAN_PROVIDERS:
     PLAN_PROVIDERS.append(traced_plan)
+
+
+def traced_softmax(nt: NestedTensor, dim: int, log: bool) -> NestedTensor:
+    """A softmax along a ragged dim of a NestedTensor with several ragged dims (attention scores
+    over pair rows) inside a compiled graph: the eager softmax (bucketed, its groups cached by
+    content) as one opaque op with ``nt``'s structure, instead of segment maps built in the
+    graph every step; its backward is the eager softmax's, recomputed from the input."""
+    # ``dim`` is a sample dim; the eager body takes torch's (the batch dim first)
+    return run_traced("log_softmax" if log else "softmax", dim + 1, [nt], nt._sizes, nt._ragged, nt._env, ())
+
+
+if traced_softmax not in TRACED_SOFTMAX:
+    TRACED_SOFTMAX.append(traced_softmax)

@@ -29,9 +29,10 @@ from padless.ops.common import segment
 from padless.ops.kernels import segment as kernel_segment
 from padless.ops.kernels.softmax import ragged_softmax
 from padless.ops.common.engine import run_on_rows
+from padless.ops.common.islands import TRACED_SOFTMAX
 from padless.ops.common.structure import STATIC, keep_all, outer_dim, restructure, values_dim
 from padless.tensor.autograd import rewrap, values_of
-from padless.tensor.core import NestedTensor
+from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.layout import inverse_order
 from padless.tensor.registry import implements, implements_aten
@@ -476,6 +477,11 @@ def _softmax_impl(op: str, nt: NestedTensor, dim, dtype, log: bool) -> NestedTen
         vd = values_dim(nt, d)
         out = torch.log_softmax(vals, vd) if log else torch.softmax(vals, vd)
         return rewrap(out, nt)
+    if len(nt._ragged) >= 2 and dtype is None and _is_traced(nt._values):
+        for provider in TRACED_SOFTMAX:  # compiled scores of pair attention (padless.ops.pairs.traced)
+            out = provider(nt, d, log)
+            if out is not None:
+                return out
     g = segment.groups(nt, [d])
     return rewrap(ragged_softmax(vals, g, log), nt)
 
