@@ -29,6 +29,15 @@ def _reset_dynamo():
 
 
 @pytest.fixture
+def fresh_dynamo():
+    """Compile tests that count graphs: dynamo reset before and after, even with
+    ``PADLESS_KEEP_DYNAMO`` set."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.fixture
 def one_thread():
     """Run a test single-threaded (same results): tests of many tiny ops would otherwise wait on
     a second OpenMP thread's wake-up on a busy machine."""

@@ -31,11 +31,7 @@ TOL = dict(atol=1e-5, rtol=1e-5)
 INDUCTOR = os.environ.get("PADLESS_COMPILE_INDUCTOR", "") not in ("", "0")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _lengths(b: int, seed: int, lo: int = 0, hi: int = 10) -> list[int]:

@@ -34,11 +34,7 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "native_cnn.py"
 BATCHES = [2, 5, 32, 3, 9, 4, 17, 6]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def _native_cnn():
