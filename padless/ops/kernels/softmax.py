@@ -175,12 +175,7 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
     if runs is not None and (values.numel() <= BUCKET_LIMIT * len(runs) or values.device.type != "cpu"):
         return _bucketed_runs(values, runs, g.cache, log)  # launches: few calls (empty groups hold no rows)
     if runs is not None and g.empty_group_sample < 0:
-        fn = torch.log_softmax if log else torch.softmax
-        static = values.shape[1:]
-        pieces = values.split([hi - lo for lo, hi, _ in runs])  # one split: its backward is one cat
-        parts = [fn(p.reshape(p.shape[0] // c, c, *static), 1).reshape(p.shape)
-                 for p, (lo, hi, c) in zip(pieces, runs) if hi > lo]
-        return torch.cat(parts) if len(parts) != 1 else parts[0]
+        return _RunsSoftmax.apply(values, tuple(runs), log)
     with torch.no_grad():
         m = twin_reduce(values, g, "amax") if g.n_groups else values.new_zeros((0, *values.shape[1:]))
     shifted = values - m.index_select(0, g.gid)
@@ -322,6 +317,56 @@ class _BucketedSoftmax(torch.autograd.Function):
 
         dx = _per_bucket(fn, buckets, f, dypad, ypad)
         return read_rows(dx, to_rows, 0.0).view(y.shape), None, None
+
+
+def _normalised_last(x: Tensor, c: int) -> Tensor:
+    """Rows ``(groups * c, *static)`` as ``(groups, features, c)``: the normalised dim last and
+    contiguous (a copy when there are features). torch's CPU softmax along a dim with a
+    small inner extent (``(groups, c, H)`` along ``c``) runs strided and costs about twice the
+    transposing copies and a contiguous softmax."""
+    f = math.prod(x.shape[1:])
+    t = x.reshape(x.shape[0] // c, c, f)
+    return t.transpose(1, 2).contiguous() if f != 1 else t.reshape(-1, 1, c)
+
+
+def _rows_back(t: Tensor, out: Tensor) -> None:
+    """Write ``(groups, features, c)`` back into the rows ``out`` ``(groups * c, *static)``."""
+    out.view(t.shape[0], t.shape[2], t.shape[1]).copy_(t.transpose(1, 2))
+
+
+class _RunsSoftmax(torch.autograd.Function):
+    """Softmax over runs of consecutive rows, one dense call per sample (large samples), as one
+    autograd node: each sample's groups with the normalised dim last and contiguous, written
+    into one output (no cat). The backward is written with differentiable ops on the saved
+    output, so double backward works."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, runs: tuple, log: bool) -> Tensor:
+        op = torch.ops.aten._log_softmax if log else torch.ops.aten._softmax
+        y = torch.empty_like(x, memory_format=torch.contiguous_format)
+        for lo, hi, c in runs:
+            if hi > lo:
+                _rows_back(op(_normalised_last(x[lo:hi], c), -1, False), y[lo:hi])
+        ctx.runs, ctx.log = runs, log
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        (y,) = ctx.saved_tensors
+        bwd = torch.ops.aten._log_softmax_backward_data if ctx.log else torch.ops.aten._softmax_backward_data
+        if torch.is_grad_enabled():  # double backward: differentiable ops on y (an output of this node)
+            parts = []
+            for lo, hi, c in ctx.runs:
+                if hi > lo:
+                    d = bwd(_normalised_last(dy[lo:hi], c), _normalised_last(y[lo:hi], c), -1, y.dtype)
+                    parts.append(d.transpose(1, 2).reshape(y[lo:hi].shape))
+            return (torch.cat(parts) if parts else torch.zeros_like(y)), None, None
+        dx = torch.empty_like(y)
+        for lo, hi, c in ctx.runs:
+            if hi > lo:
+                _rows_back(bwd(_normalised_last(dy[lo:hi], c), _normalised_last(y[lo:hi], c), -1, y.dtype), dx[lo:hi])
+        return dx, None, None
 
 
 DEFER: list = []
