@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import padless
-from padless.testing import assert_close_samples, check_op, check_samples, leaves
+from padless.testing import check_op, check_samples, leaves
 
 
 NS = [3, 5, 0, 1]
@@ -96,3 +96,38 @@ def test_gradcheck_contractions():
         return (s.unsqueeze(3) * t).sum(dim=(1, 2))
 
     assert torch.autograd.gradcheck(f, (values,))
+
+
+TRIANGLE_EQS = ["bikc,bjkc->bijc", "bkic,bkjc->bijc", "bikc,bjkc->bjic", "bkic,bjkc->bijc", "bikc,bkjc->bjic"]
+
+
+@pytest.mark.parametrize("eq", TRIANGLE_EQS)
+@pytest.mark.parametrize("ns", [(3, 0, 4, 1), (4,)], ids=["with_empty", "one_sample"])
+def test_triangle_products_one_node(eq, ns, monkeypatch):
+    """Triangle products run as one node whose gradients are the same kind of product
+    (channel-major copies, never a bmm on a transposed gradient): per sample, float64, values
+    and gradients, and gradients of gradients."""
+    from padless.ops.pairs import bucketed, triangle
+
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", 0.0)  # these small products would be bucketed
+    ran = []
+    real = triangle._PairProduct.apply
+    monkeypatch.setattr(triangle._PairProduct, "apply", lambda *a: ran.append(a[3]) or real(*a))
+    a = leaves([(n, n, 2) for n in ns], seed=1, ragged=(0, 1), dtype=torch.float64)
+    b = leaves([(n, n, 2) for n in ns], seed=2, ragged=(0, 1), dtype=torch.float64)
+    sample_eq = eq.replace("b", "")
+    check_samples(lambda x, y: torch.einsum(eq, x, y), lambda x, y: torch.einsum(sample_eq, x, y), [a, b],
+                  atol=1e-10, rtol=1e-10)
+    if len(ns) > 1:  # (one sample runs as a dense einsum on its view)
+        assert len(ran) == 1, ran  # one node (its backward runs the gradient products itself)
+
+    structure = a[0]
+
+    def f(va, vb):
+        x = padless.from_values(va, sizes=structure._sizes, ragged_dims=(0, 1))
+        y = padless.from_values(vb, sizes=structure._sizes, ragged_dims=(0, 1))
+        return torch.einsum(eq, x, y).values()
+
+    va = structure.values().detach().clone().requires_grad_()
+    vb = b[0].values().detach().clone().requires_grad_()
+    assert torch.autograd.gradgradcheck(f, (va, vb))

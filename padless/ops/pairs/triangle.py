@@ -163,8 +163,13 @@ def _bmm_plan(x: str, y: str, o: str) -> tuple[bool, bool, bool] | None:
 def _bmm_rows(a: Tensor, b: Tensor, ns: list[int], plan: tuple[bool, bool, bool]) -> Tensor:
     """The product of two packed pair states ``(sum N_i**2, C)`` as one batched matmul per
     sample over their channel-major copies (see :func:`eager_pair_einsum`)."""
+    out = _bmm_channels(a.t().contiguous(), b.t().contiguous(), ns, plan)
+    return out.t().contiguous() if out.shape[1] else a.new_empty((0, a.shape[1]))
+
+
+def _bmm_channels(at: Tensor, bt: Tensor, ns: list[int], plan: tuple[bool, bool, bool]) -> Tensor:
+    """:func:`_bmm_rows` on channel-major operands ``(C, sum N_i**2)``, result channel-major."""
     ta, tb, to = plan
-    at, bt = a.t().contiguous(), b.t().contiguous()  # (C, P)
     c = at.shape[0]
     rows = [n * n for n in ns]
     parts = []
@@ -175,7 +180,7 @@ def _bmm_rows(a: Tensor, b: Tensor, ns: list[int], plan: tuple[bool, bool, bool]
         ma, mb = pa.view(c, n, n), pb.view(c, n, n)
         r = torch.bmm(ma.transpose(1, 2) if ta else ma, mb.transpose(1, 2) if tb else mb)
         parts.append((r.transpose(1, 2) if to else r).reshape(c, n * n))
-    return torch.cat(parts, 1).t().contiguous() if parts else a.new_empty((0, c))
+    return torch.cat(parts, 1) if parts else at.new_empty((c, 0))
 
 
 def eager_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | None:
@@ -191,7 +196,37 @@ def eager_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | None
     if len(operands) != 2:
         return None
     a, b = operands
-    plan = _bmm_plan(ins[0][1:], ins[1][1:], out[1:])
-    if plan is None or not _square_pairs(a, b):
+    eq = (ins[0][1:], ins[1][1:], out[1:])
+    if any(_bmm_plan(*e) is None for e in (eq, (eq[2], eq[1], eq[0]), (eq[2], eq[0], eq[1]))) or not _square_pairs(a, b):
         return None
-    return rewrap(_bmm_rows(values_of(a), values_of(b), a.host_sizes()[:, 0].tolist(), plan), a)
+    return rewrap(_PairProduct.apply(values_of(a), values_of(b), tuple(a.host_sizes()[:, 0].tolist()), eq), a)
+
+
+class _PairProduct(torch.autograd.Function):
+    """:func:`_bmm_rows` as one autograd node whose gradients are products of the same form
+    (``out,y->x`` and ``out,x->y``), so each runs on channel-major copies too. Plain autograd
+    through the batched matmuls would hand them gradients viewed through the output's
+    transpose (batch stride 1), which torch's CPU ``bmm`` multiplies one matrix at a time,
+    each after a copy."""
+
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, ns: tuple, eq: tuple) -> Tensor:
+        at, bt = a.t().contiguous(), b.t().contiguous()  # (C, P), kept for the backward
+        ctx.save_for_backward(a, b, at, bt)
+        ctx.ns, ctx.eq = ns, eq
+        out = _bmm_channels(at, bt, list(ns), _bmm_plan(*eq))
+        return out.t().contiguous() if out.shape[1] else a.new_empty((0, a.shape[1]))
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        a, b, at, bt = ctx.saved_tensors
+        x, y, o = ctx.eq
+        need = ctx.needs_input_grad
+        if torch.is_grad_enabled():  # double backward: differentiable in g, a and b
+            ga = _PairProduct.apply(g, b, ctx.ns, (o, y, x)) if need[0] else None
+            gb = _PairProduct.apply(g, a, ctx.ns, (o, x, y)) if need[1] else None
+            return ga, gb, None, None
+        gt, ns = g.t().contiguous(), list(ctx.ns)
+        ga = _bmm_channels(gt, bt, ns, _bmm_plan(o, y, x)).t().contiguous() if need[0] else None
+        gb = _bmm_channels(gt, at, ns, _bmm_plan(o, x, y)).t().contiguous() if need[1] else None
+        return ga, gb, None, None
