@@ -301,14 +301,14 @@ def size_buckets(ext: Tensor, weight: Tensor | None = None, cost: Callable[[Sequ
     if b == 0:
         return []
     cost = cost or (lambda e: float(math.prod(e)))
-    w = torch.ones(b, dtype=torch.int64) if weight is None else weight.to(torch.int64)
+    w = [1] * b if weight is None else [int(x) for x in weight.tolist()]
     rows = ext.tolist()
     order = sorted(range(b), key=lambda i: (cost(rows[i]), rows[i]))
     # coarsen long batches to at most 64 runs of sorted samples, then split optimally
     step = -(-b // 64)
     units = [order[i:i + step] for i in range(0, b, step)]
     ue = [[max(rows[i][j] for i in u) for j in range(ext.shape[1])] for u in units]
-    uw = [sum(int(w[i]) for i in u) for u in units]
+    uw = [sum(w[i] for i in u) for u in units]
     n = len(units)
     span = {}
     for lo in range(n):

@@ -177,14 +177,31 @@ ELEMENT_COST = 4.0
 
 def _cost(ins: Sequence[str], out: str, letters: list[str], static: dict[str, int]):
     """Work of one sample slot padded to extents ``env`` (one per ragged letter): the
-    multiply-adds of the contraction plus the padded elements it moves."""
-    terms = [*ins, out]
-    every = "".join(dict.fromkeys("".join(terms)))
+    multiply-adds of the contraction plus the padded elements it moves. Plain integer
+    arithmetic, memoised: bucket choice evaluates it for every span of sorted samples."""
+    pos = {c: i for i, c in enumerate(letters)}
+
+    def split(t: str) -> tuple[int, list[int]]:
+        return math.prod(static[c] for c in t if c not in pos), [pos[c] for c in t if c in pos]
+
+    terms = [split(t) for t in (*ins, out)]
+    every = split("".join(dict.fromkeys("".join((*ins, out)))))
+    memo: dict[tuple, float] = {}
 
     def cost(env: Sequence[int]) -> float:
-        ext = {**static, **dict(zip(letters, env))}
-        moved = sum(math.prod(ext[c] for c in t) for t in terms)
-        return float(math.prod(ext[c] for c in every)) + ELEMENT_COST * moved
+        key = tuple(env)
+        hit = memo.get(key)
+        if hit is None:
+            moved = 0
+            for base, idx in terms:
+                for i in idx:
+                    base *= key[i]
+                moved += base
+            work = every[0]
+            for i in every[1]:
+                work *= key[i]
+            hit = memo[key] = float(work) + ELEMENT_COST * moved
+        return hit
 
     return cost
 
@@ -201,12 +218,14 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     letters = sorted(ragged_ext)
     table = torch.stack([ragged_ext[c] for c in letters], 1) if letters else torch.zeros(b, 0, dtype=torch.int64)
     cost = _cost(ins, out, letters, static_ext)
-    groups = size_buckets(table, cost=cost, overhead=CALL_COST) if forced is None else [list(ids) for ids in forced]
     rows = table.tolist()
-    padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
-                 for ids in groups)
     call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
     per_sample = sum(cost(r) for r in rows) + b * call
+    if forced is None and BUCKET_FACTOR * (per_sample - b * call + CALL_COST) > per_sample:
+        return None  # even one bucket without padding costs more: no need to choose buckets
+    groups = size_buckets(table, cost=cost, overhead=CALL_COST) if forced is None else [list(ids) for ids in forced]
+    padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
+                 for ids in groups)
     if forced is None and BUCKET_FACTOR * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
