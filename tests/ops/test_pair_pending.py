@@ -329,3 +329,32 @@ def test_values_of_deferred_scores_is_a_plain_differentiable_tensor():
     for nt, dense in ((q, qs), (k, ks)):
         for g, d in zip(nt.grad.unbind(), dense):
             torch.testing.assert_close(g, d.grad)
+
+
+def test_triangle_attention_biases_in_place_with_per_sample_views(modes, monkeypatch):
+    """boltz's triangle attention over rows of a pair state: scores ``(I, H, J, J)``, then
+    ``s += mask_bias`` (``(I, 1, 1, J)``) and ``s += tri_bias`` (``(1, H, I, J)``) in place,
+    both of other structures. With few large samples the broadcast would run on per-sample
+    views (:mod:`padless.ops.common.sample_views`), which would slice and so compute the
+    scores; deferred rows take the rows path instead and the chain stays one fused node."""
+    from padless.ops.common import sample_views
+    from padless.ops.pairs import bucketed
+
+    monkeypatch.setattr(sample_views, "ROWS_PER_SAMPLE", 1)  # every batch counts as few large samples
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", 1e9)  # bucketed, so the scores are deferred
+    ns = [3, 4, 1]
+    q, k, v = (leaves([(n, 2, n, 3) for n in ns], seed=50 + i, ragged=(0, 2), dtype=F64) for i in range(3))
+    tri = leaves([(1, 2, n, n) for n in ns], seed=53, ragged=(2, 3), dtype=F64)
+    mask = padless.from_list([torch.ones(n, n, dtype=F64) for n in ns])
+
+    def fn(a, b, c, t):
+        s = torch.matmul(a, b.transpose(-1, -2))
+        s += (1e6 * (mask - 1))[:, :, None, None, :]
+        s += t
+        return torch.matmul(s.softmax(-1), c)
+
+    def ref(a, b, c, t):
+        return torch.matmul((torch.matmul(a, b.transpose(-1, -2)) + t).softmax(-1), c)
+
+    check_samples(fn, ref, [q, k, v, tri])
+    assert modes, "the chain did not run as one fused node"

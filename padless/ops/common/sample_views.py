@@ -52,7 +52,10 @@ def eligible(template: NestedTensor, nts: list[NestedTensor], args: tuple, kwarg
     for a in (*args, *kwargs.values()):
         if isinstance(a, Tensor) and not isinstance(a, NestedTensor) and a.dim() > 0:
             return False  # dense operands keep the rows path
-    return all(n._meta.host_sizes is not None and not _is_traced(n._values) for n in nts)
+    # deferred rows (attention scores, padless.ops.pairs.pending) take the rows path: sliced
+    # per sample they would be computed; on rows a bias read onto them extends their recipe
+    return all(n._meta.host_sizes is not None and not _is_traced(n._values)
+               and not getattr(type(n._values), "padless_deferred", False) for n in nts)
 
 
 def _views(n: NestedTensor) -> list[Tensor]:
