@@ -358,3 +358,38 @@ def test_triangle_attention_biases_in_place_with_per_sample_views(modes, monkeyp
 
     check_samples(fn, ref, [q, k, v, tri])
     assert modes, "the chain did not run as one fused node"
+
+
+@pytest.mark.parametrize("zeros", [False, True], ids=["mask_all_ones", "mask_with_zeros"])
+def test_all_zero_key_mask_term_is_a_constant(zeros, monkeypatch):
+    """``s + (1 - mask) * -1e6`` with a mask that is all ones on real positions adds zeros: the
+    recipe takes a constant instead of a term read onto every score; a mask with a zero stays
+    a term. Values and gradients per sample either way."""
+    seen = []
+    real = attend.Attention.forward
+
+    def counting(ctx, sp, a, b, v, x, *terms):
+        seen.append(sum(t.dim() > 0 for t in terms))  # a constant is not read onto the scores
+        return real(ctx, sp, a, b, v, x, *terms)
+
+    monkeypatch.setattr(attend.Attention, "forward", staticmethod(counting))
+    ns = [3, 5, 2]
+    q, k, v = _qkv(ns, 60)
+    z = _bias(ns, 63)
+    masks = [torch.ones(n, dtype=F64) for n in ns]
+    if zeros:
+        masks[1][2] = 0.0
+    mask = padless.from_list(masks)
+
+    def fn(a, b, c, t):
+        s = torch.einsum("bihd,bjhd->bhij", a, b) / 3 ** 0.5 + t.permute(0, 3, 1, 2)
+        s = s + (1 - mask[:, None, None]) * -1e6
+        return torch.einsum("bhij,bjhd->bihd", s.softmax(dim=-1), c)
+
+    def ref(a, b, c, t):
+        i = next(j for j, n in enumerate(ns) if n == a.shape[0])
+        s = torch.einsum("ihd,jhd->hij", a, b) / 3 ** 0.5 + t.permute(2, 0, 1) + (1 - masks[i]) * -1e6
+        return torch.einsum("hij,jhd->ihd", s.softmax(-1), c)
+
+    check_samples(fn, ref, [q, k, v, z])
+    assert seen == ([2] if zeros else [1]), seen

@@ -123,6 +123,10 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
 
     aligned: dict[int, Tensor] = {}
     nts = _nested_operands(args, kwargs)
+    if len(nts) == 2 and func in _SHIFTS:
+        zero = _zero_term(func, args, kwargs)
+        if zero is not None:  # deferred scores + an all-zero mask term: a constant, no broadcast
+            return run_on_rows(opname, func, zero, kwargs, inplace)
     if len(nts) > 1 and _needs_broadcast(ref, nts, opname):
         from padless.ops.common import broadcast
 
@@ -183,6 +187,38 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
     if isinstance(out, tuple):
         return tuple(wrap_like(o, ref) for o in out)
     return wrap_like(out, ref)
+
+
+_SHIFTS = {aten.add.Tensor, aten.sub.Tensor, aten.add_.Tensor, aten.sub_.Tensor}
+
+
+def _zero_term(func, args, kwargs) -> tuple | None:
+    """``args`` with the second operand replaced by a signed zero number when the first holds
+    deferred attention scores (:mod:`padless.ops.pairs.pending`) and the second is a NestedTensor
+    that broadcasts into them without growing them, needs no gradient and is zero everywhere
+    (an additive key mask ``(1 - mask) * -inf`` of a mask that is all ones on real positions),
+    else None. ``x + 0`` is ``x`` exactly, so the scores' recipe takes a constant instead of a
+    term read onto every score (a gather as large as the scores). The test reads the small
+    operand's values: on the CPU only (on a device it would be a sync)."""
+    if len(args) != 2 or set(kwargs) - {"alpha"}:
+        return None
+    x, y = args
+    if not (isinstance(x, NestedTensor) and isinstance(y, NestedTensor)) or y.requires_grad:
+        return None
+    if not getattr(type(x._values), "padless_deferred", False) or isinstance(y._values, type(x._values)):
+        return None
+    v = y._values
+    if v.device.type != "cpu" or v.dtype != x._values.dtype or v.numel() >= x._values.numel() or v.numel() == 0:
+        return None
+    hx, hy = x._meta.host_sizes, y._meta.host_sizes
+    if hx is None or hy is None or hx.shape != hy.shape or not bool(((hy == 1) | (hy == hx)).all()):
+        return None
+    if torch.compiler.is_compiling() or bool(v.any()):
+        return None
+    neg = torch.signbit(v)
+    if bool(neg.all()):
+        return x, -0.0
+    return (x, 0.0) if not bool(neg.any()) else None
 
 
 def _nested_operands(args, kwargs) -> list[NestedTensor]:
