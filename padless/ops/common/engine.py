@@ -86,7 +86,9 @@ def _trailing_static(ndim: int, ragged: tuple[int, ...]) -> int:
 
 NESTED_OP = threading.local()
 """``nts``: the NestedTensor operands of the op :func:`run_on_rows` is running on their rows
-(below autograd, so those rows carry no history), None otherwise."""
+(below autograd, so those rows carry no history), None otherwise; ``gathers``: for an operand
+broadcast onto the result's rows, ``id(its read rows) -> (operand, row map, squeezed dims)``
+(:func:`padless.ops.common.broadcast.align`)."""
 
 _INPLACE: dict[Any, bool] = {}
 
@@ -122,6 +124,7 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
         raise NotImplementedError(f"{opname}(): out= is not supported with NestedTensor operands")
 
     aligned: dict[int, Tensor] = {}
+    gathers: dict[int, tuple] = {}
     nts = _nested_operands(args, kwargs)
     if len(nts) == 2 and func in _SHIFTS:
         zero = _zero_term(func, args, kwargs)
@@ -150,6 +153,8 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
                 return wrap_like(fused, p.template)
         for n, rows, sq in zip(nts, p.rows, p.squeeze):
             aligned[id(n)] = broadcast.align(n._values, rows, sq)
+            if rows is not None or sq:  # deferred scores ask how a term was read (pairs.pending)
+                gathers[id(aligned[id(n)])] = (n, rows, sq)
         ref = p.template
     new_args = []
     for a in args:
@@ -173,17 +178,19 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
                 f"{opname}(): an in-place op on a dense tensor cannot take a NestedTensor operand "
                 "(the result would need the ragged structure)"
             )
-        NESTED_OP.nts = nts
+        NESTED_OP.nts, NESTED_OP.gathers = nts, gathers
         try:
             func(*new_args, **new_kwargs)
         finally:
-            NESTED_OP.nts = None
+            NESTED_OP.nts = NESTED_OP.gathers = None
         return args[0]
-    NESTED_OP.nts = nts  # deferred rows read which operands need a gradient (padless.ops.pairs.pending)
+    # deferred rows read which operands need a gradient, and how a broadcast operand's rows
+    # were read onto the result's (padless.ops.pairs.pending)
+    NESTED_OP.nts, NESTED_OP.gathers = nts, gathers
     try:
         out = func(*new_args, **new_kwargs)
     finally:
-        NESTED_OP.nts = None
+        NESTED_OP.nts = NESTED_OP.gathers = None
     if isinstance(out, tuple):
         return tuple(wrap_like(o, ref) for o in out)
     return wrap_like(out, ref)

@@ -53,6 +53,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
+from padless.ops.common import broadcast
 from padless.ops.common.engine import NESTED_OP
 from padless.ops.common.structure import call
 from padless.ops.kernels import softmax as _softmax_kernels
@@ -317,21 +318,43 @@ def _owner(term: Tensor):
     it (autograd records this op on plain rows, or nothing needs a gradient); the
     NestedTensor whose rows ``term`` is, inside an op recorded on NestedTensors
     (:data:`padless.ops.common.engine.NESTED_OP`: its rows there carry no history, its
-    ``values()`` do); False when unknown (rows read onto the scores' rows from a NestedTensor
-    that needs a gradient: the fused node then takes the softmax's input instead)."""
+    ``values()`` do); ``(nested, row map, squeezed dims, version)`` when ``term`` is that
+    NestedTensor's rows read onto the scores' rows by a broadcast (a triangle bias over the
+    query rows: the fused node reads them again, recorded); False when unknown (the fused
+    node then takes the softmax's input instead)."""
     nts = getattr(NESTED_OP, "nts", None)
     if term.requires_grad or not nts:
         return None
+    read = (getattr(NESTED_OP, "gathers", None) or {}).get(id(term))
     for n in nts:
         if isinstance(n._values, Pending) or not n.requires_grad:
             continue
-        return n if n._values is term else False
+        if n._values is term:
+            return n
+        if read is not None and read[0] is n:  # n's rows read onto the scores' rows
+            return (*read, n._values._version)
+        return False
     return None
 
 
 def _live_terms(th: _Thunk) -> list[Tensor]:
-    """The recipe's terms with their autograd history (see :func:`_owner`)."""
-    return [term if owner is None else values_of(owner) for _, term, owner in th.terms]
+    """The recipe's terms with their autograd history (see :func:`_owner`): a broadcast
+    operand's rows are read onto the scores' rows again, recorded (its gradient sums back)."""
+    out = []
+    for _, term, owner in th.terms:
+        if owner is None:
+            out.append(term)
+        elif isinstance(owner, tuple):
+            n, rows, sq, version = owner
+            if n._values._version != version:
+                raise RuntimeError(
+                    "padless: a tensor that deferred attention scores were built from (a term added "
+                    "to them) was changed in place before the scores were used; change it out of "
+                    "place (x = x + y) or use the scores first")
+            out.append(broadcast.align(values_of(n), rows, sq))
+        else:
+            out.append(values_of(owner))
+    return out
 
 
 # ---------------------------------------------------------------------------- entry points
