@@ -175,9 +175,10 @@ SCORES_FACTOR = 0.8
 """The same factor for attention scores (two operands, the result's last dim ragged: returned
 pending, :mod:`padless.ops.pairs.pending`). In buckets, ``softmax(scores * c + terms) @ v``
 then runs as one fused node; per sample, the scores are re-laid out into rows, transposed for
-the softmax and back, and read again by the second contraction. Triangle attention of the
-benchmark's Pairformer layer (B=8, N 16..64, one thread) measured 2.2-2.8x padded in buckets
-against 1.8-2.1x per sample."""
+the softmax and back, and read again by the second contraction. The benchmark's Pairformer
+layer (B=8, N 16..64, one thread, fastest of 14 steps on a loaded machine): triangle attention
+1.93x / 1.83x padded in buckets against 1.90x / 1.77x per sample, the layer 2.06x against
+1.93x; the zoo's smaller layer (B=4, N 16..48) is level either way."""
 ELEMENT_COST = 4.0
 """Price of one element of an operand or the result (its copies), in the same units."""
 
