@@ -105,9 +105,9 @@ class Geometry:
     transposed: bool = False
     output_padding: Pair = (0, 0)
 
-    @property
+    @functools.cached_property
     def extent(self) -> Pair:
-        """Dilated kernel extent ``d*(k-1)+1`` per axis."""
+        """Dilated kernel extent ``d*(k-1)+1`` per axis (computed once: plans read it per image)."""
         return tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, self.kernel))  # type: ignore[return-value]
 
     def out_size(self, n: int, ax: int) -> int:
