@@ -12,6 +12,13 @@ thread): gathering every output pixel's source rows for the whole batch with hos
 arithmetic (one gather per axis, no loop) was 4.4x and 5.5x slower than these grouped calls for
 bilinear forward + backward (the gather's backward is an ``index_add``) and no faster for
 nearest, so the grouped calls stay; they beat the per-image loop and the padded batch.
+The exception is nearest upsampling by a power of two per axis (``scale_factor=2``, a U-Net
+decoder's ``size=skip.shape[2:]``): the source pixel is then exactly ``(y // k_h, x // k_w)``, one
+gather of whole rows with indices cached on the structure, and the gradient gathers every input
+pixel's ``k_h * k_w`` copies and sums them. Measured (one CPU thread, loaded machine): in a profile of
+smp's U-Net train step (8 images 64..224) the five upsamplings took ~20 ms instead of ~30 ms (the
+grouped path copied strided gradients); alone, forward + backward of 8 such images at strides 2 to 32
+(32 to 512 channels), the gather took 0.45-0.96x the grouped calls' time (runs vary by ~20%).
 
 The output size is given as in torch, or per image:
 
@@ -39,12 +46,14 @@ from __future__ import annotations
 import operator
 from typing import Any, Hashable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from padless.ops.common.host import host_structure
+from padless.ops.common.host import from_host_structure, host_structure
 from padless.ops.common.size_groups import apply_by_shape
+from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.extents import Extent, per_sample_extents
@@ -141,6 +150,10 @@ def interpolate(
     targets = per_image_sizes("interpolate", size, input.batch_size, k)
     if targets is not None and scale_factor is not None:
         raise ValueError("interpolate(): only one of size or scale_factor should be defined")
+    if mode in ("nearest", "nearest-exact") and not antialias and align_corners is None:
+        out = _nearest_by_rows(input, size, scale_factor, targets)
+        if out is not None:
+            return out
     kw = dict(mode=mode, align_corners=align_corners, antialias=antialias)
 
     def run(dense: Tensor, key: Hashable) -> Tensor:
@@ -151,3 +164,109 @@ def interpolate(
         return F.interpolate(dense, size=size, scale_factor=scale_factor, recompute_scale_factor=recompute_scale_factor, **kw)
 
     return apply_by_shape("interpolate", input, run, keys=targets)
+
+
+# ------------------------------------------------------------ nearest, whole multiples
+
+
+def _nearest_by_rows(x: NestedTensor, size: Any, scale_factor: Any, targets: list | None) -> NestedTensor | None:
+    """Nearest upsampling of images ``(C, H_i, W_i)`` by a power of two per axis (``scale_factor=2``,
+    ``size=skip.shape[2:]`` of a U-Net decoder) as one gather of whole rows: output pixel ``(y, x)``
+    of image i is input pixel ``(y // k_h, x // k_w)``. For such factors torch's source index
+    (``floor(y * in / out)``, ``nearest-exact``: ``floor((y + 0.5) * in / out)``) is exactly that, the
+    float scale being a power of two. The gradient gathers every input pixel's ``k_h * k_w`` copies
+    and sums them (no scatter). ``None``: other factors, layouts or sizes (the grouped dense calls).
+    """
+    if x.sample_dim != 3 or x._ragged != (1, 2) or x._values.dim() != 2 or x.batch_size == 0:
+        return None
+    if not (x._values.is_floating_point() or x._values.dtype == torch.uint8):
+        return None  # the dtypes torch's nearest kernels take (others keep torch's error)
+    hs, ho = host_structure(x, "interpolate")
+    hw = hs[:, 1:].tolist()
+    if targets is None:
+        if size is not None:
+            if isinstance(size, (list, tuple)) and len(size) == 2:
+                one = tuple(size)
+            elif isinstance(size, (list, tuple)):
+                return None
+            else:
+                one = (size, size)
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in one):
+                return None
+            targets = [one] * len(hw)
+        elif scale_factor is not None:
+            sf = tuple(scale_factor) if isinstance(scale_factor, (list, tuple)) else (scale_factor, scale_factor)
+            if len(sf) != 2 or not all(isinstance(f, (int, float)) and not isinstance(f, bool) and f >= 1 for f in sf):
+                return None
+            if not all(float(f) == int(f) and _pow2(int(f)) for f in sf):
+                return None  # torch's float scale 1 / f is exact only for powers of two
+            targets = [(int(h * sf[0]), int(w * sf[1])) for h, w in hw]
+        else:
+            return None
+    factors = []
+    for (h, w), (th, tw) in zip(hw, targets):
+        if h <= 0 or w <= 0 or th % h or tw % w or not (_pow2(th // h) and _pow2(tw // w)):
+            return None
+        factors.append((th // h, tw // w))
+    src, kids, out_hs, out_ho = _nearest_index(x, hs, ho, hw, factors)
+    uneven = len({a * b for a, b in factors}) > 1  # some images have fewer copies: their lists end in the zero row
+    return from_host_structure(_GatherRows.apply(values_of(x), src, kids, uneven), out_hs, (1, 2), x, out_ho)
+
+
+def _pow2(k: int) -> bool:
+    return k >= 1 and k & (k - 1) == 0
+
+
+def _nearest_index(x: NestedTensor, hs, ho, hw: list, factors: list) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The source row of every output row, the ``k_h * k_w`` output rows of every input row (the
+    repeat of the largest factor pads a smaller image's list with a spare zero row), and the output
+    host sizes and offsets; cached on the structure per factors."""
+    dev = x._values.device
+    key = ("nearest_rows", tuple(factors), dev)
+    hit = x._meta.derived.get(key)
+    if hit is not None:
+        return hit
+    out_hw = [(h * a, w * b) for (h, w), (a, b) in zip(hw, factors)]
+    out_hs = hs.clone()
+    out_hs[:, 1:] = torch.tensor(out_hw, dtype=torch.int64).view(-1, 2)
+    counts = np.array([oh * ow for oh, ow in out_hw], dtype=np.int64)
+    out_ho_np = np.concatenate([[0], np.cumsum(counts)])
+    total_out = int(out_ho_np[-1])
+    m = max(a * b for a, b in factors)
+    src = np.empty(total_out, dtype=np.int64)
+    kids = np.full((int(ho[-1]), m), total_out, dtype=np.int64)  # total_out: a zero row appended to the gradient
+    base_in = ho.tolist()
+    for i, ((h, w), (a, b)) in enumerate(zip(hw, factors)):
+        o0, oh, ow = int(out_ho_np[i]), h * a, w * b
+        r = np.arange(oh)[:, None] // a * w + np.arange(ow)[None, :] // b  # (oh, ow) source pixel in the image
+        src[o0 : o0 + oh * ow] = base_in[i] + r.reshape(-1)
+        # input pixel (p, q)'s copies: output (p*a + u, q*b + v) for u < a, v < b
+        out_pos = (np.arange(h)[:, None, None, None] * a + np.arange(a)[None, None, :, None]) * ow \
+            + np.arange(w)[None, :, None, None] * b + np.arange(b)[None, None, None, :]
+        kids[base_in[i] : base_in[i] + h * w, : a * b] = o0 + out_pos.reshape(h * w, a * b)
+    hit = (torch.from_numpy(src).to(dev), torch.from_numpy(kids).reshape(-1).to(dev), out_hs, torch.from_numpy(out_ho_np))
+    if not _is_traced(x._values):
+        x._meta.derived[key] = hit
+    return hit
+
+
+class _GatherRows(torch.autograd.Function):
+    """``values[src]`` whose gradient is a gather too: every input row's output rows ``kids``
+    (a fixed number per row, a zero row where an image has fewer), summed."""
+
+    @staticmethod
+    def forward(ctx, values: Tensor, src: Tensor, kids: Tensor, uneven: bool) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(kids)
+        ctx.rows, ctx.uneven = values.shape[0], uneven
+        return values.index_select(0, src)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):  # type: ignore[override]
+        (kids,) = ctx.saved_tensors
+        rows = ctx.rows
+        if rows == 0:
+            return g.new_zeros((0, *g.shape[1:])), None, None, None
+        # no copy of a strided gradient (the channel slice a ``torch.cat`` of skips hands back): the
+        # gather reads its rows where they are
+        ext = torch.cat([g, g.new_zeros((1, *g.shape[1:]))]) if ctx.uneven else g
+        return ext.index_select(0, kids).view(rows, kids.shape[0] // rows, *g.shape[1:]).sum(1), None, None, None
