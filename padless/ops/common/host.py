@@ -111,6 +111,19 @@ def fit_run(entries: Sequence[int], numel: int) -> list[int] | None:
     return list(entries) if known == numel else None
 
 
+def _is_extent(entry: Any, extent: Any, guard: bool) -> bool:
+    """Whether a reshape target ``entry`` stands for a ragged dim of envelope ``extent``: -1, or
+    equal to it (``guard`` False: only when known without a guard on a symbolic extent)."""
+    symbolic = isinstance(entry, torch.SymInt) or isinstance(extent, torch.SymInt)
+    if not isinstance(entry, torch.SymInt) and entry == -1:
+        return True
+    if guard or not symbolic:
+        return bool(entry == extent)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(entry == extent))
+
+
 def match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     """New sample dims for ``reshape``/``view`` (see :func:`padless.ops.rows.shape.reshape` for the rule)."""
     b, d = nt.batch_size, nt.sample_dim
@@ -133,20 +146,25 @@ def match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     runs.append(cur)
     found: list[tuple[tuple[int, bool], list[DimSpec]]] = []
 
-    def search(a: int, start: int, dims: list[DimSpec], at_hole: int, same: bool) -> None:
+    def search(a: int, start: int, dims: list[DimSpec], at_hole: int, same: bool, guard: bool) -> None:
         if a == len(rag):
             run = fit_run(rest[start:], runs[a])
             if run is not None:
                 found.append(((at_hole, same), dims + [(STATIC, n) for n in run]))
             return
         for j in range(start, len(rest)):
-            if rest[j] in (-1, nt._env[rag[a]]):
+            if _is_extent(rest[j], nt._env[rag[a]], guard):
                 run = fit_run(rest[start:j], runs[a])
                 if run is not None:
                     new = dims + [(STATIC, n) for n in run] + [(RAGGED, rag[a])]
-                    search(a + 1, j + 1, new, at_hole + (rest[j] == -1), same and j == rag[a])
+                    search(a + 1, j + 1, new, at_hole + (rest[j] == -1), same and j == rag[a], guard)
 
-    search(0, 0, [], 0, True)
+    # Under tracing the envelope is symbolic: comparing a target entry with it would add a guard
+    # (a head dim equal to this batch's longest sample specialises the envelope). Readings that
+    # need no guard come first; only when there is none is the envelope compared (guarded).
+    search(0, 0, [], 0, True, False)
+    if not found:
+        search(0, 0, [], 0, True, True)
     if not found:
         raise StructureError(
             f"{op}(): cannot reshape a NestedTensor of envelope {tuple(nt.shape)} with ragged outer dims "

@@ -33,6 +33,7 @@ from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
 from padless.ops.pairs.triangle import eager_pair_einsum, traced_pair_einsum
 from padless.ops.pairs.traced import traced_einsum, traced_matmul
+from padless.ops.pairs import traced_softmax  # noqa: F401  (registers the compiled softmax island)
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError

@@ -11,9 +11,11 @@ Inside a compiled graph the design, in one place:
   tensors (host sizes read from the sizes tensors, free on the CPU; their plans cached by
   content), so compiled equals eager. Its fake implementation only states the output rows
   ``(rows, *static)``. Its backward (``padless::nested_island_backward``) runs the gradient
-  equations eagerly (``g @ b^T`` and ``a^T @ g``; for ``einsum`` the two einsums with the
-  output's letters), or, where they do not apply (broadcast batch dims), a vector-Jacobian
-  product of the eager op recomputed from the saved inputs.
+  equations eagerly: both in the buckets of the eager contraction's plan (the forward's,
+  cached on the rebuilt structures; the result's gradient gathered once), else as two eager
+  contractions (``g @ b^T`` and ``a^T @ g``; for ``einsum`` the two einsums with the output's
+  letters), or, where they do not apply (broadcast batch dims), a vector-Jacobian product of
+  the eager op recomputed from the saved inputs.
 * **Output sizes are tensor arithmetic in the graph** (the contraction's size rule on the
   operands' device sizes); offsets are their cumulative row counts.
 * **The row count**: when an operand has the output's layout (same rank, same ragged dims,
@@ -27,8 +29,12 @@ Inside a compiled graph the design, in one place:
 * **Broadcasting onto such a structure** (``scores + mask_bias + pair_bias``) is a traced
   broadcast plan (:func:`traced_plan`, a :data:`padless.ops.common.broadcast.PLAN_PROVIDERS`
   entry): the operand with every ragged dim of the result gives the result's rows, the others
-  are gathered through row maps built in the graph (``layout.broadcast_rows`` on device sizes);
-  ``padless::check_same_sizes`` compares the ragged extents when the graph runs.
+  are gathered through row maps: on the CPU the eager maps, cached
+  (``padless::broadcast_rows``, :mod:`padless.ops.pairs.traced_maps`, which also compares
+  the ragged extents when the graph runs); elsewhere maps built in the graph
+  (``layout.broadcast_rows`` on device sizes) and ``padless::check_same_sizes``.
+* **A softmax over a ragged dim of such scores** is an island too
+  (:mod:`padless.ops.pairs.traced_softmax`), which keeps its result for its backward.
 
 Layout of ``q (N_i, H, N_i, E) @ k^T (N_i, H, E, N_i)`` for ``N = (2, 1)``, ``H = 1``::
 
@@ -49,7 +55,8 @@ from torch import Tensor
 
 from padless.ops.common.broadcast import PLAN_PROVIDERS, Plan
 from padless.ops.common.carried import DROP_COUNT, MAX_DROP
-from padless.ops.common.islands import TRACED_SOFTMAX, rebuilt
+from padless.ops.common.islands import rebuilt
+from padless.ops.pairs.traced_maps import broadcast_rows
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced
@@ -84,16 +91,6 @@ def _bmm_body(nts: list, spec: Any) -> NestedTensor:
 @body("einsum")
 def _einsum_body(nts: list, spec: Any) -> NestedTensor:
     return torch.einsum(spec, *nts)
-
-
-@body("softmax")
-def _softmax_body(nts: list, spec: Any) -> NestedTensor:
-    return torch.softmax(nts[0], spec)
-
-
-@body("log_softmax")
-def _log_softmax_body(nts: list, spec: Any) -> NestedTensor:
-    return torch.log_softmax(nts[0], spec)
 
 
 @functools.lru_cache(maxsize=256)
@@ -172,34 +169,72 @@ def _nested_island_fake(name, spec, values, offsets, sizes, out_sizes, out_ragge
     return values[0].new_empty((rows, *static))
 
 
-Grad = Callable[[list, NestedTensor, Any, list], list]
+Grad = Callable[[list, NestedTensor, Any, list, "NestedTensor | None"], list]
 _GRADS: dict[str, Grad] = {}
+_SAVES_OUTPUT: set[str] = set()
 
 
-def gradient(name: str) -> Callable[[Grad], Grad]:
-    """Register ``fn(nested_operands, grad, spec, needs) -> [grad of each operand]`` (NestedTensors,
-    or None: not needed, or left to the vector-Jacobian product) as the gradient equations of
-    body ``name``."""
+def gradient(name: str, output: bool = False) -> Callable[[Grad], Grad]:
+    """Register ``fn(nested_operands, grad, spec, needs, out) -> [grad of each operand]``
+    (NestedTensors, or None: not needed, or left to the vector-Jacobian product) as the gradient
+    equations of body ``name``; ``output``: the island keeps its result for them (``out``; None
+    otherwise: a contraction's result is not kept alive for its backward)."""
 
     def deco(fn: Grad) -> Grad:
         _GRADS[name] = fn
+        if output:
+            _SAVES_OUTPUT.add(name)
         return fn
 
     return deco
 
 
+def _bucketed_grads(ins: list[str], out: str, a: NestedTensor, b: NestedTensor, g: NestedTensor, needs: list) -> list | None:
+    """Both gradients of the contraction ``ins -> out`` (sample letters) of ``a`` and ``b`` from
+    the buckets of the eager contraction's plan (cached on the rebuilt operands' structure: the
+    forward's), ``g`` gathered into them once; None where that plan does not apply (the two
+    gradient contractions then run as in eager)."""
+    from padless.ops.pairs import bucket_nodes, bucketed
+
+    if not a.batch_size or not a._values.dtype == b._values.dtype == g._values.dtype or any(len(set(t)) != len(t) for t in (*ins, out)):
+        return None
+    if any(_is_traced(x._values) or x._meta.host_sizes is None for x in (a, b)):
+        return None
+    if any(not set(t) <= set(bucketed._LETTERS) for t in (*ins, out)):
+        ins, out = bucketed._rename(ins, out)
+    plan = bucketed._plan(list(ins), out, [a, b])
+    if plan is None or plan.grad_equations is None or tuple(plan.out_ragged) != tuple(g._ragged):
+        return None
+    ga, gb = bucket_nodes.contract_backward(plan, values_of(a), values_of(b), [], values_of(g), needs)
+    return [None if x is None else nested_from_values(x, o._offsets, o._sizes, o._ragged, o._env, o._meta)
+            for x, o in ((ga, a), (gb, b))]
+
+
+def _matmul_letters(r: int) -> tuple[list[str], str] | None:
+    from padless.ops.pairs.bucketed import _LETTERS
+
+    if r < 2 or r + 2 > len(_LETTERS):
+        return None
+    batch, (m, k, n) = _LETTERS[: r - 2], _LETTERS[r - 2: r + 1]
+    return [batch + m + k, batch + k + n], batch + m + n
+
+
 @gradient("matmul")
 @gradient("bmm")
-def _matmul_grads(nts: list, g: NestedTensor, spec: Any, needs: list) -> list:
+def _matmul_grads(nts: list, g: NestedTensor, spec: Any, needs: list, out: NestedTensor | None) -> list:
     a, b = nts
     if a.sample_dim != b.sample_dim:
         return [None, None]  # batch dims broadcast: the vector-Jacobian product reduces them
+    letters = _matmul_letters(a.sample_dim)
+    fused = None if letters is None else _bucketed_grads(*letters, a, b, g, needs)
+    if fused is not None:
+        return fused
     return [torch.matmul(g, b.transpose(-1, -2)) if needs[0] else None,
             torch.matmul(a.transpose(-1, -2), g) if needs[1] else None]
 
 
 @gradient("einsum")
-def _einsum_grads(nts: list, g: NestedTensor, spec: Any, needs: list) -> list:
+def _einsum_grads(nts: list, g: NestedTensor, spec: Any, needs: list, out: NestedTensor | None) -> list:
     lhs, o = spec.split("->")
     ins = lhs.split(",")
     if len(ins) != 2 or any(len(set(t)) != len(t) for t in (*ins, o)):
@@ -207,6 +242,9 @@ def _einsum_grads(nts: list, g: NestedTensor, spec: Any, needs: list) -> list:
     x, y = ins
     if any(c not in o and c not in other for t, other in ((x, y), (y, x)) for c in t):
         return [None, None]  # a letter summed within one operand: its gradient is not of this form
+    fused = _bucketed_grads([x[1:], y[1:]], o[1:], nts[0], nts[1], g, needs)
+    if fused is not None:
+        return fused
     return [torch.einsum(f"{o},{y}->{x}", g, nts[1]) if needs[0] else None,
             torch.einsum(f"{o},{x}->{y}", g, nts[0]) if needs[1] else None]
 
@@ -224,11 +262,12 @@ def _rows_like(x: NestedTensor | None, like: NestedTensor) -> Tensor | None:
 @torch.library.custom_op("padless::nested_island_backward", mutates_args=())
 def nested_island_backward(
     name: str, spec: str, grad: Tensor, values: list[Tensor], offsets: list[Tensor], sizes: list[Tensor],
-    out_sizes: Tensor, out_ragged: list[int], needs: list[bool],
+    out_sizes: Tensor, out_ragged: list[int], needs: list[bool], output: Tensor | None = None,
 ) -> list[Tensor]:
     """Gradients of :func:`nested_island` for ``values`` (zeros where not needed): the body's
-    gradient equations run eagerly (two contractions for a matmul or an einsum), else the
-    vector-Jacobian product of the eager body, recomputed from the inputs."""
+    gradient equations run eagerly (two contractions for a matmul or an einsum; a softmax's on
+    its kept result ``output``), else the vector-Jacobian product of the eager body, recomputed
+    from the inputs."""
     got: list[Tensor | None] = [None] * len(values)
     rule = _GRADS.get(name)
     if rule is not None:
@@ -237,7 +276,8 @@ def nested_island_backward(
             nts = [_eager(v, o, s, r) for v, o, s, r in zip(values, offsets, sizes, raggeds)]
             out_offsets = layout.offsets_from_counts(layout.row_counts(out_sizes, out_ragged))
             g = _eager(grad, out_offsets, out_sizes, out_ragged)
-            got = [_rows_like(x, nt) if need else None for x, nt, need in zip(rule(nts, g, user, needs), nts, needs)]
+            y = None if output is None else _eager(output, out_offsets, out_sizes, out_ragged)
+            got = [_rows_like(x, nt) if need else None for x, nt, need in zip(rule(nts, g, user, needs, y), nts, needs)]
     if any(need and x is None for x, need in zip(got, needs)):
         with autograd_inside_op():
             leaves = [v.detach().requires_grad_(n) for v, n in zip(values, needs)]
@@ -249,13 +289,14 @@ def nested_island_backward(
 
 
 @nested_island_backward.register_fake
-def _nested_island_backward_fake(name, spec, grad, values, offsets, sizes, out_sizes, out_ragged, needs):
+def _nested_island_backward_fake(name, spec, grad, values, offsets, sizes, out_sizes, out_ragged, needs, output=None):
     return [torch.empty_like(v) for v in values]
 
 
 def _setup(ctx, inputs, output) -> None:
     name, spec, values, offsets, sizes, out_sizes, out_ragged, _, _ = inputs
-    ctx.save_for_backward(*values, *offsets, *sizes, out_sizes)
+    kept = [output] if name in _SAVES_OUTPUT else []
+    ctx.save_for_backward(*values, *offsets, *sizes, out_sizes, *kept)
     ctx.args = (name, spec, len(values), list(out_ragged))
     ctx.needs = [v.requires_grad for v in values]
 
@@ -264,10 +305,13 @@ def _backward(ctx, grad):
     name, spec, n, out_ragged = ctx.args
     saved = ctx.saved_tensors
     values, offsets, sizes, out_sizes = list(saved[:n]), list(saved[n : 2 * n]), list(saved[2 * n : 3 * n]), saved[3 * n]
+    output = saved[3 * n + 1] if len(saved) > 3 * n + 1 else None
     if not any(ctx.needs):
         gs = [None] * n
     else:
-        gs = nested_island_backward(name, spec, grad.contiguous(), values, offsets, sizes, out_sizes, out_ragged, ctx.needs)
+        gs = nested_island_backward(
+            name, spec, grad.contiguous(), values, offsets, sizes, out_sizes, out_ragged, ctx.needs, output
+        )
         gs = [g if need else None for g, need in zip(gs, ctx.needs)]
     return None, None, gs, [None] * n, [None] * n, None, None, None, None
 
@@ -418,6 +462,10 @@ def traced_plan(opname: str, nts: Sequence[NestedTensor]) -> Plan | None:
         if n is cover or (n._meta is cover._meta and n._ragged == cover._ragged):
             rows.append(None)
             continue
+        if cover._sizes.device.type == "cpu":  # the eager map, cached (padless.ops.pairs.traced_maps)
+            rows.append(broadcast_rows(cover._sizes, cover._offsets, list(out_ragged), n._sizes, n._offsets,
+                                       list(n._ragged), total, str(opname)))
+            continue
         common = [d for d in n._ragged if d in out_ragged]
         check_same_sizes(cover._sizes, n._sizes, common, opname, True)
         rows.append(layout.broadcast_rows(cover._sizes, cover._offsets, out_ragged, n._sizes, n._offsets, n._ragged, total))
@@ -442,16 +490,3 @@ def traced_plan(opname: str, nts: Sequence[NestedTensor]) -> Plan | None:
 
 if traced_plan not in PLAN_PROVIDERS:
     PLAN_PROVIDERS.append(traced_plan)
-
-
-def traced_softmax(nt: NestedTensor, dim: int, log: bool) -> NestedTensor:
-    """A softmax along a ragged dim of a NestedTensor with several ragged dims (attention scores
-    over pair rows) inside a compiled graph: the eager softmax (bucketed, its groups cached by
-    content) as one opaque op with ``nt``'s structure, instead of segment maps built in the
-    graph every step; its backward is the eager softmax's, recomputed from the input."""
-    # ``dim`` is a sample dim; the eager body takes torch's (the batch dim first)
-    return run_traced("log_softmax" if log else "softmax", dim + 1, [nt], nt._sizes, nt._ragged, nt._env, ())
-
-
-if traced_softmax not in TRACED_SOFTMAX:
-    TRACED_SOFTMAX.append(traced_softmax)
