@@ -3,6 +3,7 @@ padded batch with its masks vs padless, interleaved, per piece and for the whole
 
     python benchmarks/pairformer.py [--batch 8] [--lo 16] [--hi 64] [--rounds 10]
                                     [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts]
+                                    [--compile [--backend inductor]]
 
 The model code is boltz's, unchanged (``zoo/.venv`` has boltz installed:
 ``PYTHONPATH=. zoo/.venv/bin/python benchmarks/pairformer.py``). Without boltz, a small
@@ -19,6 +20,18 @@ plain torch calls) stands in. Both sides get the same weights and inputs:
 layer (of the piece, when ``--pieces`` names one); ``--counts`` prints the aten ops per
 padless layer step at B=4 and B=16 (a step whose op count grows with B runs per-sample loops). The ratio column is padded time / padless
 time, the median of per-round ratios (above 1: padless is faster).
+
+``--compile`` times the whole layer under ``torch.compile`` instead (``--backend``, inductor
+by default): padless compiled with ``fullgraph=True``, padded compiled with ``dynamic=True``,
+each warmed up (compiled) on every batch first. It prints the compile time of each batch,
+the graphs each made (padless: one over the changing batches), and per batch the step times
+of both compiled and both eager layers, interleaved, with the ratio compiled padded /
+compiled padless (median of per-round ratios) and, for reference, eager padded / eager
+padless (ratio of the median times); above 1: padless is faster. With ``--profile`` it then
+prints the top aten and padless ops (self CPU time; the generated kernels are not among
+them) of one compiled padless step. Compiling takes minutes at the default channel sizes
+(padded recompiles when its padded length changes); smaller ones (``--cs 64 --cz 32 --heads
+4 --pair-width 8``) compile faster.
 """
 
 from __future__ import annotations
@@ -297,6 +310,53 @@ def profile(layer: nn.Module, batch: Batch, top: int, piece: str = "layer") -> N
         print(f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / total:.0%} |")
 
 
+def compiled(layer: nn.Module, batches: list[Batch], rounds: int, clock, backend: str, top: int) -> None:
+    """Compiled padless (``fullgraph=True``) vs compiled padded (``dynamic=True``), whole layer."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    cnt = {"padded": CompileCounterWithBackend(backend), "padless": CompileCounterWithBackend(backend)}
+    pad_fn, nt_fn = PIECES["layer"]
+    steps = {"padded": (layer, pad_fn), "padless": (layer, nt_fn),
+             "compiled padded": (torch.compile(layer, backend=cnt["padded"], dynamic=True), pad_fn),
+             "compiled padless": (torch.compile(layer, backend=cnt["padless"], fullgraph=True), nt_fn)}
+    for b in batches:
+        took = []
+        for name in ("compiled padded", "compiled padless"):
+            t0 = time.perf_counter()
+            _step(*steps[name], b)()
+            took.append(f"{name} {time.perf_counter() - t0:.1f} s")
+        print(f"first step (compiles) on N={b.ns}: " + ", ".join(took), flush=True)
+    graphs = {k: c.frame_count for k, c in cnt.items()}
+    print(f"graphs after warm-up: compiled padless {graphs['padless']}, compiled padded {graphs['padded']}")
+    print("\n| batch N | occupancy | compiled padded (ms) | compiled padless (ms) | compiled padded / padless "
+          "| eager padded (ms) | eager padless (ms) | eager padded / padless |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for b in batches:
+        res = interleaved({k: _step(m, fn, b) for k, (m, fn) in steps.items()}, baseline="compiled padded",
+                          rounds=rounds, warmup=1, clock=clock)
+        ratio_eager = res["padded"][0] / res["padless"][0]
+        print(f"| {b.ns} | {b.occupancy:.2f} | {res['compiled padded'][0] / 1e3:.1f} | {res['compiled padless'][0] / 1e3:.1f} | "
+              f"{res['compiled padless'][1]:.2f}x | {res['padded'][0] / 1e3:.1f} | {res['padless'][0] / 1e3:.1f} | "
+              f"{ratio_eager:.2f}x |", flush=True)
+    after = {k: c.frame_count for k, c in cnt.items()}
+    print(f"\ngraphs after timing: compiled padless {after['padless']}, compiled padded {after['padded']}"
+          + (" (recompiled while timing)" if after != graphs else " (no recompiles)"))
+    if top:
+        run = _step(*steps["compiled padless"], batches[0])
+        run()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run()
+        ev = [e for e in prof.key_averages() if e.key.startswith(("aten::", "padless::"))]
+        total = sum(e.self_cpu_time_total for e in ev)
+        print("\n### compiled padless layer step: top aten and padless ops by self CPU time "
+              "(the generated kernels not counted)\n")
+        print("| op | calls | self CPU (ms) | share of these |")
+        print("|---|---:|---:|---:|")
+        for e in sorted(ev, key=lambda e: -e.self_cpu_time_total)[:top]:
+            print(f"| {e.key} | {e.count} | {e.self_cpu_time_total / 1e3:.1f} | {e.self_cpu_time_total / total:.0%} |")
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -339,6 +399,9 @@ def main() -> None:
                     help="(CUDA) run one padless layer step with torch.cuda.set_sync_debug_mode('error')")
     ap.add_argument("--dense-masks", action="store_true",
                     help="give padless the padded batch's dense masks (read in padded coordinates)")
+    ap.add_argument("--compile", action="store_true",
+                    help="the whole layer compiled: padless fullgraph=True vs padded dynamic=True (and eager for reference)")
+    ap.add_argument("--backend", default="inductor", help="torch.compile backend for --compile")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -361,6 +424,9 @@ def main() -> None:
           + ", ".join(f"{b.occupancy:.2f}" for b in batches) + f"; threads {torch.get_num_threads()}")
     if not args.no_check:
         print(f"layer loss + gradients, padded vs padless (eval mode): max relative difference {check(layer, batches[0]):.1e}")
+    if args.compile:
+        compiled(layer, batches, args.rounds, clock, args.backend, 15 if args.profile else 0)
+        return
     if args.rounds:
         print("\n| piece | padded (ms) | padless (ms) | padded / padless |")
         print("|---|---:|---:|---:|")
