@@ -39,6 +39,13 @@ one place:
   (``padless::image_island_backward``) is convolution's own backward on the plan's canvas for
   ``conv2d``, and for the other ops a vector-Jacobian product of the eager op recomputed from
   the saved input (they are cheap next to the convolutions).
+* **An index is an opaque op too, its reads are not.** Where the eager op is a read of input
+  rows (max pooling: the row of every window's maximum), ``padless::image_index`` computes
+  only the int64 index with the eager plan (no gradient) and the graph gathers with it: the
+  backward is the gather's scatter (no recompute of the pool) and the compiler fuses the
+  gather with the batch norm / ReLU around it. A strided 1x1 convolution keeps its eager body
+  in the island (a matmul of the rows of its pixels) and its backward is two matmuls and an
+  ``index_copy`` (no canvas).
 * Device sizes, offsets and envelopes are tensor arithmetic on the input's device sizes (the
   eager size rule, evaluated in the graph) and symbolic arithmetic on its envelope.
 
@@ -493,6 +500,51 @@ def _backward(ctx, grad):
 
 
 image_island.register_autograd(_backward, setup_context=_setup)
+
+
+_INDEX: dict[str, Callable[[NestedTensor, tuple], Tensor]] = {}
+
+
+def index_island(name: str) -> Callable:
+    """Register ``fn(images, spec) -> int64 rows`` as the body of index island ``name``: an index
+    into the input's rows that the graph then reads with plain ops (``index_select``, ``gather``),
+    so the gather, its backward (a scatter) and the ops around it are the compiler's to fuse."""
+
+    def deco(fn: Callable) -> Callable:
+        if name in _INDEX:
+            raise RuntimeError(f"padless internal: image index island {name!r} registered twice")
+        _INDEX[name] = fn
+        return fn
+
+    return deco
+
+
+@torch.library.custom_op("padless::image_index", mutates_args=())
+def image_index(
+    name: str, spec: str, v: Tensor, sizes: Tensor, offsets: Tensor, ragged: list[int], hw: Tensor | None,
+    rows: int, static: list[int],
+) -> Tensor:
+    """The int64 index ``(rows, *static)`` that index island ``name`` reads off the images."""
+    nt = _eager_input(v, sizes, offsets, ragged, hw)
+    with torch.no_grad():
+        out = _INDEX[name](nt, _spec(spec))
+    if tuple(out.shape) != (rows, *static) or out.dtype != torch.int64:
+        raise StructureError(
+            f"{name}(): under torch.compile the host sizes gave an index of {rows} rows of {tuple(static)}, the op "
+            f"made {tuple(out.shape)} {out.dtype}: the carried host sizes do not match the batch"
+        )
+    return out.clone()  # never a cached index: the graph owns its output
+
+
+@image_index.register_fake
+def _image_index_fake(name, spec, v, sizes, offsets, ragged, hw, rows, static):
+    return v.new_empty((rows, *static), dtype=torch.int64)
+
+
+def run_index(name: str, spec: tuple, x: NestedTensor, rows: Any, static: Sequence[int]) -> Tensor:
+    """Call index island ``name`` on ``x`` (no gradient flows through an index)."""
+    hw = record_of(x).hw if _is_image_like(x) else None
+    return image_index(name, repr(spec), values_of(x).detach(), x._sizes, x._offsets, list(x._ragged), hw, rows, list(static))
 
 
 def run_island(name: str, spec: tuple, x: NestedTensor, tensors: Sequence[Tensor | None], rows: Any, static: Sequence[int]) -> Tensor:

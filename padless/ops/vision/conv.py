@@ -45,6 +45,7 @@ from padless.ops.vision.spatial import (
 from padless.tensor.autograd import values_of
 from padless.ops.vision import canvas as canvas_mod
 from padless.ops.vision import traced as vision_traced
+from padless.ops.vision.compiled import island
 from padless.ops.vision.canvas import canvas_of, from_relu, wrap_canvas
 from padless.ops.vision.canvas_ops import CanvasConv, Relay, relay_index
 from padless.tensor.core import NestedTensor, _is_traced
@@ -169,6 +170,14 @@ class _Subsample(torch.autograd.Function):
 def _strided_1x1(x: NestedTensor, weight: Tensor, bias: Tensor | None, st: tuple[int, int]) -> NestedTensor:
     """1x1 convolution with stride and no padding: keep every ``s``-th pixel (an index cached on
     the structure), then a matmul."""
+    idx, out_cache = subsample_index(x, st)
+    v = _Subsample.apply(values_of(x), idx)
+    return images_like(F.linear(v, weight.flatten(1), bias), weight.shape[0], out_cache, x)
+
+
+def subsample_index(x: NestedTensor, st: tuple[int, int]) -> tuple[Tensor, Any]:
+    """The rows of every ``st``-th pixel of every image (``ceil(h / s)`` by ``ceil(w / s)`` each,
+    row-major) and the output structure cache, cached on ``x``'s structure."""
     cache = _cache_of("conv2d", x)
     dev = x._values.device
     key = ("subsample", st, dev)
@@ -181,9 +190,32 @@ def _strided_1x1(x: NestedTensor, weight: Tensor, bias: Tensor | None, st: tuple
         idx = off[:-1][sid] + a * st[0] * hw[sid, 1] + b * st[1]
         hit = (idx.to(dev, non_blocking=True), _cache_for(ohw, ooff, x._ragged))
         cache.plans[key] = hit  # type: ignore[assignment]
-    idx, out_cache = hit  # type: ignore[misc]
-    v = _Subsample.apply(values_of(x), idx)
-    return images_like(F.linear(v, weight.flatten(1), bias), weight.shape[0], out_cache, x)
+    return hit  # type: ignore[return-value]
+
+
+def _strided_1x1_backward(nt: NestedTensor, tensors: list, spec: tuple, grad: Tensor, needs: list) -> list:
+    """The compiled strided projection's gradient: two matmuls and one ``index_copy`` on the rows
+    of its pixels (no canvas, no recompute)."""
+    st, has_bias = spec
+    w, v = tensors[0], nt._values
+    idx = subsample_index(nt, tuple(st))[0]
+    out: list = [None, None] + ([None] if has_bias else [])
+    if needs[0]:
+        gi = grad.mm(w.flatten(1))
+        out[0] = gi.new_zeros((v.shape[0], gi.shape[1])).index_copy_(0, idx, gi)
+    if needs[1]:
+        out[1] = grad.t().mm(v.index_select(0, idx)).view_as(w)
+    if has_bias and needs[2]:
+        out[2] = grad.sum(0)
+    return out
+
+
+@island("strided_1x1", backward=_strided_1x1_backward)
+def _strided_1x1_island(nt: NestedTensor, tensors: list, spec: tuple) -> Tensor:
+    """The compiled strided projection (:func:`padless.ops.vision.traced.traced_conv2d`): the eager
+    op, which runs :func:`_strided_1x1` unless an image is empty (then torch's error)."""
+    st, has_bias = spec
+    return values_of(F.conv2d(nt, tensors[0], tensors[1] if has_bias else None, tuple(st)))
 
 
 def _patch_conv(x: NestedTensor, weight: Tensor, bias: Tensor | None, kh: int, kw: int) -> NestedTensor:

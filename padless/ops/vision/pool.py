@@ -29,6 +29,7 @@ from padless.ops.vision.conv import _on_blocks, _validate, canvas_setup
 from padless.ops.vision.spatial import Geometry, _cache_of, images_like, spatial_plan, to_pair, to_padding
 from padless.tensor.autograd import rewrap, values_of
 from padless.ops.vision import traced as vision_traced
+from padless.ops.vision.compiled import index_island
 from padless.tensor.core import NestedTensor, _fmt_shape, _is_traced
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements
@@ -113,18 +114,12 @@ class _PlanMaxPool(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, v: Tensor, plan, kernel: list, stride: list, dilation: list) -> Tensor:  # type: ignore[override]
-        blocks = plan.to_blocks(v, float("-inf"))
-        y, idx = torch.ops.aten.max_pool2d_with_indices(blocks, kernel, stride, [0, 0], dilation, False)
-        pos = plan.from_blocks(idx)  # (T_out, C) positions in each block's plane
-        (n, hb, wb), (_, ho, wo) = plan.blocks, plan.out_blocks
-        if n > 1:  # tiles: the block of every output row
-            pos = pos + torch.div(plan.take, ho * wo, rounding_mode="floor").mul_(hb * wb).unsqueeze(1)
-        rows = plan.row_of_block("in", v.device).index_select(0, pos.view(-1)).view(-1, v.shape[1])
+        y, rows = _pool_rows(v, plan, kernel, stride, dilation)
         if v.shape[0] < 2**31 - 1:
             rows = rows.to(torch.int32)  # half the saved bytes; widened again in the backward
         ctx.save_for_backward(rows)  # (T_out, C): the input row of every maximum
         ctx.in_rows = v.shape[0]
-        return plan.from_blocks(y)
+        return y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
@@ -132,6 +127,39 @@ class _PlanMaxPool(torch.autograd.Function):
         (rows,) = ctx.saved_tensors
         gv = g.new_zeros((ctx.in_rows + 1, g.shape[1])).scatter_add_(0, rows.long(), g.contiguous())
         return gv[: ctx.in_rows], None, None, None, None
+
+
+def _pool_rows(v: Tensor, plan, kernel: list, stride: list, dilation: list) -> tuple[Tensor, Tensor]:
+    """Max pooling on the plan's canvas: the output rows and the input row of every maximum
+    ``(T_out, C)`` (``v.shape[0]``, a dropped row, for a maximum found in a gap)."""
+    blocks = plan.to_blocks(v, float("-inf"))
+    y, idx = torch.ops.aten.max_pool2d_with_indices(blocks, kernel, stride, [0, 0], dilation, False)
+    pos = plan.from_blocks(idx)  # (T_out, C) positions in each block's plane
+    (n, hb, wb), (_, ho, wo) = plan.blocks, plan.out_blocks
+    if n > 1:  # tiles: the block of every output row
+        pos = pos + torch.div(plan.take, ho * wo, rounding_mode="floor").mul_(hb * wb).unsqueeze(1)
+    rows = plan.row_of_block("in", v.device).index_select(0, pos.view(-1)).view(-1, v.shape[1])
+    return plan.from_blocks(y), rows
+
+
+def max_pool_rows(x: NestedTensor, g: Geometry) -> Tensor:
+    """The input row of every output's maximum, ``(T_out, C)`` int64 (``x``'s row count where
+    it lies in a gap): what the compiled max pool gathers (:mod:`padless.ops.vision.traced`)."""
+    plan = spatial_plan("max_pool2d", x, g)
+    c = x._values.shape[1]
+    pad = (g.padding[0], g.padding[2])
+    _validate("max_pool2d", plan, c, lambda t: F.max_pool2d(t, g.kernel, g.stride, pad, g.dilation, g.ceil_mode), key=c)
+    v = x._values
+    if int(plan.out_offsets[-1]) == 0 or plan.blocks[1] == 0:
+        return torch.zeros((0, c), dtype=torch.int64, device=v.device)  # as the eager op: no output row
+    return _pool_rows(v, plan, list(g.kernel), list(g.stride), list(g.dilation))[1]
+
+
+@index_island("max_pool2d_rows")
+def _max_pool_rows_island(nt: NestedTensor, spec: tuple) -> Tensor:
+    """The compiled max pool's index (:func:`padless.ops.vision.traced.traced_pool`)."""
+    k, st, pad, dil, ceil = spec
+    return max_pool_rows(nt, Geometry(tuple(k), tuple(st), tuple(pad), tuple(dil), bool(ceil)))
 
 
 @implements(F.avg_pool2d, accepts="packed images (C, H_i, W_i)")

@@ -34,6 +34,7 @@ from padless.ops.vision.compiled import (
     out_sizes,
     pixel_count,
     record_of,
+    run_index,
     run_island,
     traced_images,
     unresolved_extent,
@@ -97,6 +98,9 @@ def traced_conv2d(x: NestedTensor, weight: Tensor, bias: Tensor | None, stride: 
     if g.kernel == (1, 1) and g.stride == (1, 1) and g.padding == (0, 0, 0, 0) and groups == 1:
         return rewrap(F.linear(values_of(x), weight.flatten(1), bias), x)  # as eager: a matmul on the rows
     rec, sizes, env = _spatial_out(x, g, o)
+    if g.kernel == (1, 1) and g.padding == (0, 0, 0, 0) and groups == 1:  # a strided projection (conv.py)
+        vals = run_island("strided_1x1", (g.stride, bias is not None), x, [weight, bias], rec.rows, [o])
+        return traced_images(vals, sizes, env, rec)
     vals = run_island("conv2d", (stride, padding, dilation, groups, bias is not None), x, [weight, bias], rec.rows, [o])
     return traced_images(vals, sizes, env, rec)
 
@@ -148,6 +152,15 @@ def traced_pool(op: str, x: NestedTensor, g: Geometry, spec: tuple) -> NestedTen
     """Max and average pooling: any kernel, stride, padding, dilation, floor or ceil mode."""
     c = int(x._values.shape[1])
     rec, sizes, env = _spatial_out(x, g, c)
+    v = values_of(x)
+    if op == "max_pool2d" and v.dim() == 2 and v.dtype.is_floating_point:
+        # the row of every maximum (an index island), then a gather in the graph: its backward is
+        # a scatter of the gradient (no recompute of the pool), and both fuse with their neighbours
+        spec_rows = (g.kernel, g.stride, g.padding, g.dilation, g.ceil_mode)
+        rows = run_index("max_pool2d_rows", spec_rows, x, rec.rows, [c])  # registered in pool.py
+        n = v.shape[0]
+        got = v.gather(0, rows.clamp_max(n - 1))
+        return traced_images(torch.where(rows < n, got, float("-inf")), sizes, env, rec)  # n: a maximum in a gap
     return traced_images(run_island(op, spec, x, [], rec.rows, [c]), sizes, env, rec)
 
 
