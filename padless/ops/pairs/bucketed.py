@@ -171,14 +171,13 @@ always (on the CPU the per-sample loop stays where it is cheaper)."""
 BUCKET_FACTOR = 1.15
 """Padded work is dearer than the same work per sample: the buffers are gathered and the
 results re-laid out and gathered back (forward and backward)."""
-SCORES_FACTOR = 0.8
-"""The same factor for attention scores (two operands, the result's last dim ragged: returned
-pending, :mod:`padless.ops.pairs.pending`). In buckets, ``softmax(scores * c + terms) @ v``
-then runs as one fused node; per sample, the scores are re-laid out into rows, transposed for
-the softmax and back, and read again by the second contraction. The benchmark's Pairformer
-layer (B=8, N 16..64, one thread, fastest of 14 steps on a loaded machine): triangle attention
-1.93x / 1.83x padded in buckets against 1.90x / 1.77x per sample, the layer 2.06x against
-1.93x; the zoo's smaller layer (B=4, N 16..48) is level either way."""
+PENDING_FACTOR = 0.8
+"""The same factor for a contraction of pending weights (``softmax(scores) @ v`` whose scores
+were bucketed, :mod:`padless.ops.pairs.pending`): in buckets the chain runs as one fused node;
+per sample the weights would be computed first and re-laid out. (Pricing the scores' own
+contraction so too, to bucket triangle attention, measured slower on the benchmark's layer:
+its element maps cost more to build for each new batch than the relayouts they save, 354-360
+against 215-227 ms per step with a new batch each step, two threads.)"""
 ELEMENT_COST = 4.0
 """Price of one element of an operand or the result (its copies), in the same units."""
 
@@ -229,7 +228,7 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     rows = table.tolist()
     call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
     per_sample = sum(cost(r) for r in rows) + b * call
-    factor = SCORES_FACTOR if _scores(ins, out, ragged_ext, operands) else BUCKET_FACTOR
+    factor = PENDING_FACTOR if any(isinstance(o._values, pending.Pending) for o in operands) else BUCKET_FACTOR
     if forced is None and factor * (per_sample - b * call + CALL_COST) > per_sample:
         return None  # even one bucket without padding costs more: no need to choose buckets
     groups = size_buckets(table, cost=cost, overhead=CALL_COST) if forced is None else [list(ids) for ids in forced]
@@ -294,18 +293,6 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
                  out_static, structure, tuple(o._meta for o in operands[1:]), int(out_ho[-1]),
                  tuple(s[o._ragged[-1]] if o._ragged else "" for s, o in zip(ins, operands)),
                  tuple(tuple(ids) for ids in groups))
-
-
-def _scores(ins: Sequence[str], out: str, ragged_ext: dict, operands: Sequence[NestedTensor]) -> bool:
-    """Whether the contraction's result would be returned pending (attention scores; the
-    conditions of :func:`padless.ops.pairs.pending.deferrable` known before planning), or an
-    operand is pending (the weights of ``softmax(scores) @ v``: in buckets the chain runs as
-    one node, per sample the weights would be computed first)."""
-    if any(isinstance(o._values, pending.Pending) for o in operands):
-        return True
-    v = operands[0]._values
-    return (pending.ENABLED and len(ins) == 2 and bool(out) and out[-1] in ragged_ext and v.is_floating_point()
-            and not torch.is_autocast_enabled(v.device.type))
 
 
 def _grad_equations(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> list[str] | None:
