@@ -148,3 +148,31 @@ def test_pair_ops_with_per_sample_maps_match_dense(monkeypatch):
         torch.testing.assert_close(got, t.grad)
     layout._COORDS.clear()
     content.clear()
+
+
+def test_contraction_plans_shared_by_content(monkeypatch):
+    """A bucketed contraction on other structure objects with the same rows (the next layer of a
+    stack, a new batch object of the same sizes) reuses the plan's index maps: no new plan, its
+    own result metadata, results equal per sample; other rows build their own plan."""
+    from padless.ops.pairs import bucketed
+
+    content.clear()
+    built = []
+    real = bucketed._build
+    monkeypatch.setattr(bucketed, "_build", lambda *a, **k: built.append(1) or real(*a, **k))
+    ns = (3, 0, 5, 2)
+    g = torch.Generator().manual_seed(0)
+    qs = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for n in ns]
+    ks = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for n in ns]
+    outs = []
+    for _ in range(2):  # two batch objects with the same rows
+        q, k = padless.from_list(qs), padless.from_list(ks)
+        outs.append(torch.einsum("bihd,bjhd->bhij", q, k))
+    assert len(built) == 1
+    assert outs[0]._meta is not outs[1]._meta
+    for out in outs:
+        for got, a, b in zip(out.unbind(), qs, ks):
+            torch.testing.assert_close(got, torch.einsum("ihd,jhd->hij", a, b))
+    q2 = padless.from_list([torch.randn(n + 1, 2, 4, dtype=torch.float64) for n in ns])
+    torch.einsum("bihd,bjhd->bhij", q2, q2)
+    assert len(built) == 2

@@ -50,14 +50,16 @@ computes them.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 from typing import Sequence
 
 import torch
 from torch import Tensor
 
+from padless.ops.common import content
 from padless.ops.common.amp import autocast_inputs
-from padless.ops.kernels.layout import gather_rows, padding_maps, size_buckets
+from padless.ops.kernels.layout import MAX_BUCKETS, gather_rows, padding_maps, size_buckets
 from padless.ops.pairs import pending
 from padless.ops.pairs.bucket_nodes import (  # _Contract, _SoftmaxContract: tests reach them here
     _BATCH,
@@ -330,11 +332,59 @@ def _plan(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Pl
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    plan = _build(ins, out, operands)
+    ckey = _content_key(ins, out, operands)
+    hit = content.get(ckey) if ckey is not None else None
+    if hit is not None:  # the same rows seen through other structures (the next layer, a new batch object)
+        plan = _own_copy(hit[0], operands)
+    else:
+        plan = _build(ins, out, operands)
+        if ckey is not None:
+            shared = _own_copy(plan, ())
+            content.put(ckey, (shared, shared.pads, shared.packs) if shared is not None else (None,))
     cache[key] = plan
     while len(cache) > PLAN_CACHE_SIZE:
         cache.popitem(last=False)
     return plan
+
+
+def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], groups) -> _Plan | None:
+    """The plan of a contraction on given buckets (another plan's: the second contraction of a
+    fused attention), shared by content as :func:`_plan`'s are."""
+    ckey = _content_key(ins, out, operands)
+    if ckey is None:
+        return _build(ins, out, operands, groups)
+    ckey = (*ckey, "on", tuple(tuple(ids) for ids in groups))
+    hit = content.get(ckey)
+    if hit is not None:
+        return _own_copy(hit[0], operands)
+    plan = _build(ins, out, operands, groups)
+    shared = _own_copy(plan, ())
+    content.put(ckey, (shared, shared.pads, shared.packs) if shared is not None else (None,))
+    return plan
+
+
+def _content_key(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> tuple | None:
+    """What a plan depends on besides the structure objects: the operands' rows (host sizes and
+    offsets), the equation, whether an operand is pending, and the prices (tests change them)."""
+    keys = [content.structure_key(o) for o in operands]
+    if any(k is None for k in keys):
+        return None
+    v = operands[0]._values
+    return ("bucketed", tuple(ins), out, v.device, v.dtype, tuple(keys),
+            tuple(isinstance(o._values, pending.Pending) for o in operands),
+            (CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR, ELEMENT_COST,
+             MAX_BUCKETS))
+
+
+def _own_copy(plan: _Plan | None, operands: Sequence[NestedTensor]) -> _Plan | None:
+    """``plan`` for one structure: its index maps shared, its own result metadata object (the
+    content cache holds no structure object, whose caches would grow unaccounted), its own
+    derived-buffer cache, and the partners' metadata kept alive for the structure's cache key."""
+    if plan is None:
+        return None
+    offsets, sizes, env, meta = plan.structure
+    return dataclasses.replace(plan, structure=(offsets, sizes, env, StructureMeta(meta.host_sizes, meta.host_offsets)),
+                               keep=tuple(o._meta for o in operands[1:]), cache={})
 
 
 def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> NestedTensor | None:
@@ -356,7 +406,7 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
     if plan is None:
         return None
     vals = [values_of(o) for o in operands]
-    attended = pending.attention(ins, out, operands, vals, plan, _build)
+    attended = pending.attention(ins, out, operands, vals, plan, _plan_on)
     fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None and attended is None else None
     if attended is not None:  # softmax(a . b * c + terms) . v pending: one node in the buckets
         packed = attended
