@@ -339,8 +339,7 @@ def _plan(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Pl
     else:
         plan = _build(ins, out, operands)
         if ckey is not None:
-            shared = _own_copy(plan, ())
-            content.put(ckey, (shared, shared.pads, shared.packs) if shared is not None else (None,))
+            content.put(ckey, _shared(plan))
     cache[key] = plan
     while len(cache) > PLAN_CACHE_SIZE:
         cache.popitem(last=False)
@@ -358,8 +357,7 @@ def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], gro
     if hit is not None:
         return _own_copy(hit[0], operands)
     plan = _build(ins, out, operands, groups)
-    shared = _own_copy(plan, ())
-    content.put(ckey, (shared, shared.pads, shared.packs) if shared is not None else (None,))
+    content.put(ckey, _shared(plan))
     return plan
 
 
@@ -383,8 +381,20 @@ def _own_copy(plan: _Plan | None, operands: Sequence[NestedTensor]) -> _Plan | N
     if plan is None:
         return None
     offsets, sizes, env, meta = plan.structure
-    return dataclasses.replace(plan, structure=(offsets, sizes, env, StructureMeta(meta.host_sizes, meta.host_offsets)),
+    host = meta if isinstance(meta, tuple) else (meta.host_sizes, meta.host_offsets)
+    return dataclasses.replace(plan, structure=(offsets, sizes, env, StructureMeta(*host)),
                                keep=tuple(o._meta for o in operands[1:]), cache={})
+
+
+def _shared(plan: _Plan | None) -> tuple:
+    """The content cache's entry for ``plan``: no structure object in it (only the result's
+    host sizes and offsets), its index maps counted."""
+    if plan is None:
+        return (None,)
+    offsets, sizes, env, meta = plan.structure
+    shared = dataclasses.replace(plan, structure=(offsets, sizes, env, (meta.host_sizes, meta.host_offsets)),
+                                 keep=(), cache={})
+    return shared, shared.pads, shared.packs
 
 
 def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> NestedTensor | None:
