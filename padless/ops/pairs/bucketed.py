@@ -332,14 +332,7 @@ def _plan(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Pl
     if key in cache:
         cache.move_to_end(key)
         return cache[key]
-    ckey = _content_key(ins, out, operands)
-    hit = content.get(ckey) if ckey is not None else None
-    if hit is not None:  # the same rows seen through other structures (the next layer, a new batch object)
-        plan = _own_copy(hit[0], operands)
-    else:
-        plan = _build(ins, out, operands)
-        if ckey is not None:
-            content.put(ckey, _shared(plan))
+    plan = _by_content(_content_key(ins, out, operands), operands, lambda: _build(ins, out, operands))
     cache[key] = plan
     while len(cache) > PLAN_CACHE_SIZE:
         cache.popitem(last=False)
@@ -350,14 +343,20 @@ def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], gro
     """The plan of a contraction on given buckets (another plan's: the second contraction of a
     fused attention), shared by content as :func:`_plan`'s are."""
     ckey = _content_key(ins, out, operands)
-    if ckey is None:
-        return _build(ins, out, operands, groups)
-    ckey = (*ckey, "on", tuple(tuple(ids) for ids in groups))
-    hit = content.get(ckey)
+    ckey = None if ckey is None else (*ckey, "on", tuple(tuple(ids) for ids in groups))
+    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups))
+
+
+def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build) -> _Plan | None:
+    """The plan cached under ``ckey`` (the same rows seen through other structure objects: the
+    next layer of a stack, a new batch object), copied for these operands; else ``build()``,
+    cached."""
+    hit = content.get(ckey) if ckey is not None else None
     if hit is not None:
         return _own_copy(hit[0], operands)
-    plan = _build(ins, out, operands, groups)
-    content.put(ckey, _shared(plan))
+    plan = build()
+    if ckey is not None:
+        content.put(ckey, _shared(plan))
     return plan
 
 
