@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor import layout, validate
-from padless.tensor.dynamo import _is_traced, _mark, _TRACED_TYPES, source_fingerprint
+from padless.tensor.dynamo import _is_traced, _mark_new, _TRACED_TYPES, source_fingerprint
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent, writes_first_arg
 from padless.tensor.structure import (
@@ -160,7 +160,7 @@ class NestedTensor(Tensor):
         self._env = env  # padded extent per sample dim == shape[1:], without a torch-function call
         self._meta = meta if meta is not None else StructureMeta()
         if not torch.compiler.is_compiling():
-            _mark(self)  # every NestedTensor (detach, moves, op outputs): see mark_dynamic
+            _mark_new(self)  # every NestedTensor (detach, moves, op outputs): see mark_dynamic
         return self
 
     # ------------------------------------------------------------------ compile

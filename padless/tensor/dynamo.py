@@ -133,6 +133,24 @@ def _mark(nt) -> None:
             _weak_dynamic(t, {0})
 
 
+_NEW_MARKS: dict[tuple[int, ...], frozenset] = {}
+
+
+def _mark_new(nt) -> None:
+    """:func:`_mark` for a NestedTensor just made (``NestedTensor.__new__``): it has no marks
+    yet, and its inner tensors are usually its source's (marked already)."""
+    dims = _NEW_MARKS.get(nt._ragged)
+    if dims is None:
+        dims = _NEW_MARKS[nt._ragged] = frozenset({0, *(r + 1 for r in nt._ragged)})
+    d = nt.__dict__
+    d["_dynamo_weak_dynamic_indices"] = set(dims)
+    d["_has_dynamo_dim_marking"] = True
+    for t in (nt._values, nt._offsets, nt._sizes):
+        cur = t.__dict__.get("_dynamo_weak_dynamic_indices")
+        if cur is None or 0 not in cur:
+            _weak_dynamic(t, {0})
+
+
 def _weak_dynamic(t: Tensor, dims: set) -> None:
     cur = getattr(t, "_dynamo_weak_dynamic_indices", None)
     if cur is None:

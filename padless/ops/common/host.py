@@ -60,6 +60,8 @@ def from_host_structure(
 
 
 def int_entries(op: str, what: str, shape: Sequence[Any]) -> list[int]:
+    if all(type(s) is int for s in shape):  # the common case: plain ints
+        return list(shape)
     out = []
     for s in shape:
         if isinstance(s, torch.SymInt):
@@ -124,8 +126,30 @@ def _is_extent(entry: Any, extent: Any, guard: bool) -> bool:
     return bool(statically_known_true(entry == extent))
 
 
+# match_target's answers for plain-int targets and envelopes: a model reshapes the same way at
+# every layer (``q.view(B, -1, H, D)``), so the search runs once per (target, envelope) pair
+_MATCHED: dict[tuple, tuple[DimSpec, ...]] = {}
+_MATCHED_MAX = 4096
+
+
 def match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     """New sample dims for ``reshape``/``view`` (see :func:`padless.ops.rows.shape.reshape` for the rule)."""
+    key = (nt._sizes.shape[0], nt._ragged, nt._env, tuple(target))
+    try:
+        hit = _MATCHED.get(key)
+    except TypeError:  # a symbolic extent (unhashable): search every time
+        return _match_target(nt, target, op)
+    if hit is None:
+        dims = _match_target(nt, target, op)
+        if type(key[0]) is not int or any(type(e) is not int for e in (*nt._env, *target)):
+            return dims
+        if len(_MATCHED) >= _MATCHED_MAX:
+            _MATCHED.clear()
+        hit = _MATCHED[key] = tuple(dims)
+    return list(hit)
+
+
+def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     b, d = nt.batch_size, nt.sample_dim
     if len(target) == 0 or target[0] not in (-1, b):
         raise StructureError(

@@ -79,6 +79,15 @@ def restructure(
     ``ragged_order`` gives the storage order of the ragged dims as *new* dim indices;
     by default it follows ``nt``'s storage order. Differentiable w.r.t. ``values``.
     """
+    m = nt._meta
+    traced = _is_traced(values)
+    key = ("restructure", tuple(dims), nt._ragged, None if ragged_order is None else tuple(ragged_order))
+    hit = None if traced else m.derived.get(key)  # traced: extents may be SymInts (unhashable)
+    if hit is not None:
+        sizes, meta, env, ragged, static = hit
+        if values.shape[1:] != static:
+            raise RuntimeError(f"padless internal: values static shape {tuple(values.shape[1:])} != {static}")
+        return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
     new_pos = {d: i for i, (kind, d) in enumerate(dims) if kind == RAGGED}
     if sorted(new_pos) != sorted(nt._ragged):
         raise RuntimeError(f"padless internal: restructure must keep every ragged dim {nt._ragged}")
@@ -100,13 +109,6 @@ def restructure(
             return src.new_empty((src.shape[0], 0))
         return torch.stack(cols, 1)
 
-    m = nt._meta
-    traced = _is_traced(values)
-    key = ("restructure", tuple(dims), ragged)
-    hit = None if traced else m.derived.get(key)  # traced: extents may be SymInts (unhashable)
-    if hit is not None:
-        sizes, meta, env = hit
-        return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
     meta = StructureMeta()
     if m.host_sizes is not None:
         meta.host_sizes = build(m.host_sizes)
@@ -119,7 +121,7 @@ def restructure(
             meta.derived[k] = v
     env = [nt._env[d] if kind == RAGGED else d for kind, d in dims]
     if not traced:
-        m.derived[key] = (sizes, meta, env)
+        m.derived[key] = (sizes, meta, env, ragged, torch.Size(static_sizes))
     return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
 
 
