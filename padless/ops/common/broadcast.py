@@ -18,7 +18,6 @@ cached; the op then runs once on the gathered rows. Backward is the matching
 from __future__ import annotations
 
 import collections
-import dataclasses
 from typing import Callable, Sequence
 
 import torch
@@ -34,14 +33,33 @@ PLAN_PROVIDERS: list[Callable[[str, Sequence[NestedTensor]], "Plan | None"]] = [
 """Functions that may supply a precomputed :class:`Plan` before one is computed here."""
 
 
-@dataclasses.dataclass
 class Plan:
-    """How to map every operand onto the result's rows."""
+    """How to map every operand onto the result's rows.
 
-    template: NestedTensor  # the result's structure (values are a zero-size placeholder)
-    rows: list[Tensor | None]  # per NestedTensor operand: row index (T_out,) or None (identity)
-    squeeze: list[tuple[int, ...]]  # per operand: values dims to squeeze (static 1 -> ragged)
-    keepalive: tuple = ()
+    ``template``: the result's structure (values are a zero-size placeholder); ``rows``: per
+    NestedTensor operand a row index ``(T_out,)`` or None (identity); ``squeeze``: per operand the
+    values dims to squeeze (static 1 -> ragged). ``rows`` may be given as a function returning
+    them, called on first read: a call that runs per sample on views (:mod:`padless.ops.common.
+    sample_views`, triangle-attention scores plus a bias) reads only the template, and the maps
+    over every result row of a new batch are then never built. ``gathered`` says which operands
+    are read through a map without building any.
+    """
+
+    __slots__ = ("template", "_rows", "squeeze", "keepalive", "gathered")
+
+    def __init__(self, template: NestedTensor, rows, squeeze: list[tuple[int, ...]], keepalive: tuple = (),
+                 gathered: tuple[bool, ...] | None = None) -> None:
+        self.template = template
+        self._rows = rows
+        self.squeeze = squeeze
+        self.keepalive = keepalive
+        self.gathered = gathered if gathered is not None else tuple(r is not None for r in rows)
+
+    @property
+    def rows(self) -> list[Tensor | None]:
+        if callable(self._rows):
+            self._rows = self._rows()
+        return self._rows
 
 
 def _fail(opname: str, hs: Sequence[Tensor], b: int) -> StructureError:
@@ -123,26 +141,30 @@ def plan(opname: str, nts: Sequence[NestedTensor]) -> Plan:
             raise _fail(opname, hs, int(bad.nonzero()[0, 0]))
     out_offsets = layout.offsets_from_counts(layout.row_counts(out_sizes, out_ragged))
     total = int(out_offsets[-1])
-    rows: list[Tensor | None] = []
+    sources: list[tuple | None] = []  # per operand: what its row map is built from, None: identity
     squeeze: list[tuple[int, ...]] = []
     for n, h in zip(nts, hs):
         static = layout.static_dims(ndim, n._ragged)
         squeeze.append(tuple(1 + static.index(d) for d in out_ragged if d not in n._ragged))
         same = n._ragged == out_ragged and torch.equal(h[:, list(out_ragged)], out_sizes[:, list(out_ragged)])
-        if same:
-            rows.append(None)
-            continue
-        idx = layout.broadcast_rows(out_sizes, out_offsets, out_ragged, h, n.host_offsets(), n._ragged, total)
-        rows.append(idx.to(dev, non_blocking=True))
+        sources.append(None if same else (h, n.host_offsets(), n._ragged))
     env = [int(out_sizes[:, d].max()) if b else 0 for d in range(ndim)]
     for d in range(ndim):
         if d not in out_ragged:
             env[d] = max(n._env[d] for n in nts)
-    p = Plan(_template(ref, out_sizes, out_offsets, env, out_ragged), rows, squeeze,
-             keepalive=tuple(n._meta for n in nts[1:]))
+    entry = (tuple(squeeze), out_sizes, out_offsets, tuple(env), out_ragged)
+
+    def build_rows() -> list[Tensor | None]:  # holds host tensors only: no structure object
+        rows = [None if src is None else
+                layout.broadcast_rows(out_sizes, out_offsets, out_ragged, *src, total).to(dev, non_blocking=True)
+                for src in sources]
+        if ckey is not None:  # maps and host metadata only: no structure kept alive from here
+            content.put(ckey, (tuple(rows), *entry))
+        return rows
+
+    p = Plan(_template(ref, out_sizes, out_offsets, env, out_ragged), build_rows, squeeze,
+             keepalive=tuple(n._meta for n in nts[1:]), gathered=tuple(src is not None for src in sources))
     _remember(ref._meta, key, p)
-    if ckey is not None:  # maps and host metadata only: no structure kept alive from here
-        content.put(ckey, (tuple(rows), tuple(squeeze), out_sizes, out_offsets, tuple(env), out_ragged))
     return p
 
 

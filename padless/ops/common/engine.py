@@ -134,7 +134,7 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
         from padless.ops.common import broadcast
 
         p = broadcast.plan(str(opname), nts)
-        if inplace and (p.rows[0] is not None or p.squeeze[0]):
+        if inplace and (p.gathered[0] or p.squeeze[0]):
             raise StructureError(
                 f"{opname}(): an in-place op cannot change the structure of its first operand "
                 f"(ragged dims {ref.ragged_dims}) to the broadcast result's {p.template.ragged_dims}"

@@ -13,33 +13,65 @@ extent 1 (so ``p - p.mean(2, keepdim=True)`` broadcasts back).
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from padless.ops.kernels import segment as kernel_segment
 from padless.ops.common import sample_views
-from padless.ops.common.structure import build_nested, derived_tensor
+from padless.ops.common import content
+from padless.ops.common.structure import _to_device, build_nested, derived_tensor
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, _is_traced
 
 
-@dataclasses.dataclass(frozen=True)
 class Groups:
-    """Row -> group map for reducing ``reduced`` ragged dims of one structure."""
+    """Row -> group map for reducing ``reduced`` ragged dims of one structure.
 
-    gid: Tensor  # (T,) group of every row (values' device)
-    n_groups: int  # python int (host metadata)
-    counts: Tensor  # (G,) rows per group, int64 (values' device)
-    out_host_sizes: Tensor | None  # (B, D) sizes with reduced dims set to 1 (host) or None when dense
-    local: tuple[Tensor, ...]  # per reduced dim: the row's coordinate along it (for arg-reductions)
-    empty_group_sample: int  # first sample holding an empty group, or -1
-    # (sizes, offsets, ragged, reduced) on the values' device: what kernels build their plan from
-    source: tuple = ()
-    cache: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    ``gid`` (the group of every row, values' device), ``counts`` (rows per group) and ``local``
+    (per reduced dim, the row's coordinate along it, for arg-reductions) may be given as a
+    function ``lazy() -> (gid, counts, local)`` instead, called on first read: a softmax over
+    runs of consecutive rows (attention scores) reads only :meth:`runs`, and the per-row maps
+    of a new batch's triangle-attention scores (``sum N_i^3`` rows) are never built for it.
+    """
+
+    __slots__ = ("_gid", "n_groups", "_counts", "out_host_sizes", "_local", "empty_group_sample", "source",
+                 "cache", "_lazy")
+
+    def __init__(self, gid: Tensor | None, n_groups: int, counts: Tensor | None, out_host_sizes: Tensor | None,
+                 local: tuple[Tensor, ...] | None, empty_group_sample: int, source: tuple = (),
+                 lazy: Callable[[], tuple] | None = None) -> None:
+        self._gid, self._counts, self._local, self._lazy = gid, counts, local, lazy
+        self.n_groups = n_groups  # python int (host metadata)
+        self.out_host_sizes = out_host_sizes  # (B, D) sizes with reduced dims set to 1 (host) or None when dense
+        self.empty_group_sample = empty_group_sample  # first sample holding an empty group, or -1
+        # (sizes, offsets, ragged, reduced) on the values' device: what kernels build their plan from
+        self.source = source
+        self.cache: dict = {}
+
+    def _fill(self) -> None:
+        self._gid, self._counts, self._local = self._lazy()  # type: ignore[misc]
+        self._lazy = None
+
+    @property
+    def gid(self) -> Tensor:
+        if self._lazy is not None:
+            self._fill()
+        return self._gid  # type: ignore[return-value]
+
+    @property
+    def counts(self) -> Tensor:
+        if self._lazy is not None:
+            self._fill()
+        return self._counts  # type: ignore[return-value]
+
+    @property
+    def local(self) -> tuple[Tensor, ...]:
+        if self._lazy is not None:
+            self._fill()
+        return self._local  # type: ignore[return-value]
 
     def plan(self) -> tuple[Tensor, Tensor, Tensor] | None:
         """Strided-run plan ``(start, count, stride)`` per group for the segment kernels
@@ -62,7 +94,7 @@ class Groups:
                 return None
             sizes, offsets, ragged, reduced = self.source
             ok = (len(reduced) == 1 and ragged and ragged[-1] == reduced[0] and sizes.device.type == "cpu"
-                  and not _is_traced(self.gid))
+                  and not _is_traced(sizes))
             if ok:
                 bounds, counts = offsets.tolist(), sizes[:, reduced[0]].tolist()
                 self.cache["runs"] = [(bounds[i], bounds[i + 1], c) for i, c in enumerate(counts)]
@@ -89,24 +121,19 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
     # Under tracing, the group count of one of several ragged dims reduced is a carried size.
     carried = traced_group_count(nt, reduced) if traced else None
 
-    def compute(sizes: Tensor, offsets: Tensor):
-        sid, coords = layout.row_coords(sizes, offsets, nt._ragged, total)
-        by_dim = dict(zip(nt._ragged, coords))
-        if keep:
-            out_counts = sizes[:, list(keep)].prod(1)
-        else:
-            out_counts = torch.ones(sizes.shape[0], dtype=torch.int64, device=sizes.device)
-        out_offsets = layout.offsets_from_counts(out_counts)
-        local = torch.zeros_like(sid)
-        for d in keep:
-            local = local * sizes[:, d].index_select(0, sid) + by_dim[d]
-        gid = out_offsets[:-1].index_select(0, sid) + local
-        per_group = sizes[:, list(reduced)].prod(1) if reduced else torch.ones_like(out_counts)
-        counts = torch.repeat_interleave(per_group, out_counts, output_size=carried) if keep else per_group
-        return gid, out_offsets[-1:], counts, tuple(by_dim[d] for d in reduced)
+    ragged = nt._ragged
 
-    gid, n_groups_t, counts, local = derived_tensor(nt, ("groups", reduced), compute)
+    def compute(sizes: Tensor, offsets: Tensor):
+        return _group_maps(sizes, offsets, ragged, keep, reduced, total, carried)
+
     hs = nt._meta.host_sizes
+    gid = counts = local = None
+    lazy = None
+    if hs is not None and not traced:  # the maps wait for a reader, holding no structure object
+        lazy = _lazy_maps(hs, nt.host_offsets(), ragged, keep, reduced, total, nt._values.device,
+                          (("groups", reduced), nt._values.device, content.structure_key(nt)))
+    else:
+        gid, _, counts, local = derived_tensor(nt, ("groups", reduced), compute)
     out_hs = None
     if keep and hs is not None:
         out_hs = hs.clone()
@@ -118,17 +145,53 @@ def groups(nt: NestedTensor, reduced: Sequence[int]) -> Groups:
     elif carried is not None:
         n_groups = carried  # a symbolic size carried into the graph (padless.ops.common.carried)
     else:  # no host metadata: the group count is data (one device read; a graph break when compiled)
-        n_groups = int(n_groups_t.cpu()[0])
+        n_groups = int(derived_tensor(nt, ("groups", reduced), compute)[1].cpu()[0])
     if hs is not None:
         empty_sample = _first_empty(hs, keep, reduced)
     elif _is_traced(nt._values):
         empty_sample = -1  # sizes are runtime data while tracing: no check (empty groups give NaN/-inf)
     else:
         empty_sample = _first_empty(nt.host_sizes(), keep, reduced)
-    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample, (nt._sizes, nt._offsets, nt._ragged, reduced))
+    g = Groups(gid, n_groups, counts, out_hs, local, empty_sample, (nt._sizes, nt._offsets, nt._ragged, reduced),
+               lazy=lazy)
     if not traced:
         nt._meta.derived[obj_key] = g
     return g
+
+
+def _group_maps(sizes: Tensor, offsets: Tensor, ragged: tuple[int, ...], keep: tuple[int, ...],
+                reduced: tuple[int, ...], total, carried) -> tuple:
+    """Per row its group (``gid``), the group count as a one-element tensor, rows per group,
+    and per reduced dim the row's coordinate along it."""
+    sid, coords = layout.row_coords(sizes, offsets, ragged, total)
+    by_dim = dict(zip(ragged, coords))
+    if keep:
+        out_counts = sizes[:, list(keep)].prod(1)
+    else:
+        out_counts = torch.ones(sizes.shape[0], dtype=torch.int64, device=sizes.device)
+    out_offsets = layout.offsets_from_counts(out_counts)
+    local = torch.zeros_like(sid)
+    for d in keep:
+        local = local * sizes[:, d].index_select(0, sid) + by_dim[d]
+    gid = out_offsets[:-1].index_select(0, sid) + local
+    per_group = sizes[:, list(reduced)].prod(1) if reduced else torch.ones_like(out_counts)
+    counts = torch.repeat_interleave(per_group, out_counts, output_size=carried) if keep else per_group
+    return gid, out_offsets[-1:], counts, tuple(by_dim[d] for d in reduced)
+
+
+def _lazy_maps(hs: Tensor, ho: Tensor, ragged, keep, reduced, total: int, dev, ckey: tuple) -> Callable[[], tuple]:
+    """The group maps of host sizes ``hs`` and offsets ``ho``, built on the first call (shared by
+    content, as :func:`padless.ops.common.structure.derived_tensor` shares them)."""
+
+    def maps() -> tuple:
+        out = content.get(ckey)
+        if out is None:
+            out = _to_device(_group_maps(hs, ho, ragged, keep, reduced, total, None), dev)
+            content.put(ckey, out)
+        gid, _, counts, local = out
+        return gid, counts, local
+
+    return maps
 
 
 def _first_empty(hs: Tensor, keep: tuple[int, ...], reduced: tuple[int, ...]) -> int:

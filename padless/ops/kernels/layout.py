@@ -23,6 +23,7 @@ import math
 import types
 from typing import Any, Callable, NamedTuple, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -352,10 +353,26 @@ def row_map(index: Tensor, n_src: int, device: torch.device | str) -> RowMap:
 def padding_maps(index: Tensor, rows: int, device: torch.device | str) -> tuple[RowMap, RowMap]:
     """Both directions of an injective host map ``index`` from packed rows into ``rows``
     padded rows: ``(to_padded, to_packed)``, the padded rows reading packed rows (holes where
-    none lands) and the packed rows reading their padded rows."""
-    inv = torch.full((rows,), index.shape[0], dtype=torch.int64)
-    inv[index] = torch.arange(index.shape[0])
-    return row_map(inv, index.shape[0], device), row_map(index, rows, device)
+    none lands) and the packed rows reading their padded rows (no holes: every packed row has
+    its place). Built with numpy in a few passes: element maps of a new batch's attention
+    scores run to hundreds of thousands of entries."""
+    m = index.shape[0]
+    idx = index.contiguous().numpy()
+    inv = np.full(rows, m, dtype=np.int64)
+    inv[idx] = np.arange(m, dtype=np.int64)
+    hole = inv == m
+    holes = np.flatnonzero(hole)
+    safe = inv.astype(np.int32) if m < 2 ** 31 else inv.copy()  # half the index traffic of a gather
+    safe[hole] = 0
+    dev = torch.device(device)
+
+    def on(a: np.ndarray) -> Tensor:
+        return torch.from_numpy(a).to(dev, non_blocking=True)
+
+    to_padded = RowMap(on(inv), on(safe), on(holes) if holes.size else None)
+    to_packed = RowMap(index.to(dev, non_blocking=True),
+                       (index.to(torch.int32) if rows < 2 ** 31 else index).to(dev, non_blocking=True), None)
+    return to_padded, to_packed
 
 
 class _RowGather(torch.autograd.Function):
