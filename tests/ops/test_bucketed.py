@@ -250,3 +250,46 @@ def test_under_autocast_bf16():
             return torch.einsum("ihd,jhd->hij", a, b).softmax(-1).float()
 
     check_samples(f, ref, [q, k], atol=2e-2, rtol=2e-2)
+
+
+def test_scores_pay_the_fused_nodes_price_per_bucket(monkeypatch):
+    """A contraction whose result's last dim is ragged (attention scores, later one fused node per
+    bucket) is split into fewer buckets than a plain contraction of the same work: its price per
+    bucket is :data:`~padless.ops.pairs.bucketed.SCORES_CALL_COST`. Values stay exact either way."""
+    from padless.ops.pairs import bucketed
+
+    ns = [40, 64, 42, 18, 32, 48, 47, 41]  # pair-biased attention, 8 heads of 16
+
+    def buckets():
+        q = leaves([(n, 8, 16) for n in ns], seed=11)
+        k = leaves([(n, 8, 16) for n in ns], seed=12)
+        check_samples(lambda a, b: torch.einsum("bihd,bjhd->bhij", a, b),
+                      lambda a, b: torch.einsum("ihd,jhd->hij", a, b), [q, k])
+        return len(_plans(q[0])[0].buckets)
+
+    fused = buckets()
+    monkeypatch.setattr(bucketed, "SCORES_CALL_COST", bucketed.CALL_COST)
+    plain = buckets()
+    assert 1 <= fused < plain
+
+
+def test_large_element_mapped_samples_stay_per_sample(monkeypatch):
+    """Attention weights ``(N, H, N, N)`` of a few samples of thousands of rows each (triangle
+    attention) times ``v``: the weights are read into buckets through element maps, which the
+    per-sample path does not need (its elementwise terms run on views), so the plan prices them
+    (:data:`~padless.ops.pairs.bucketed.ELEMENT_MAP_COST`) and runs per sample; priced at zero,
+    the same batch is bucketed. Values and gradients agree either way."""
+    from padless.ops.pairs import bucketed
+
+    ns = [18, 22, 17, 17]
+
+    def plan():
+        w = leaves([(n, 2, n, n) for n in ns], seed=13, ragged=(0, 2, 3))
+        v = leaves([(n, 2, n, 8) for n in ns], seed=14, ragged=(0, 2))
+        check_samples(lambda a, b: torch.einsum("zabcd,zabde->zabce", a, b),
+                      lambda a, b: torch.einsum("abcd,abde->abce", a, b), [w, v])
+        return _plans(w[0])[0]
+
+    assert plan() is None
+    monkeypatch.setattr(bucketed, "ELEMENT_MAP_COST", 0.0)
+    assert plan() is not None

@@ -186,11 +186,16 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
     return e / s.index_select(0, g.gid)
 
 
-BUCKET_LIMIT = 65_536
-"""Mean elements per sample up to which the twin runs in padded buckets (a few calls for
-the batch); larger samples run one softmax each on views of their rows, which moves less
-data than padding them (the per-call price is small next to their work). On an
-accelerator every size runs in buckets: a call per sample is a kernel launch per sample."""
+BUCKET_LIMIT = 1024
+"""Mean elements per sample up to which the twin runs in padded buckets on the CPU (a few calls
+for the batch); larger samples run one softmax each on views of their rows
+(:class:`_RunsSoftmax`), which needs no index maps. The buckets' element maps are built for each
+new structure, about 16 ns per element, which is more than the calls they save unless samples
+are tiny: forward + backward, one thread, a new batch each time, buckets / per sample: B=4
+N 16..48 scores ``(N, N, N, 2)`` 6.1 / 2.0 ms, B=16 N 16..48 ``(N, N, 8)`` 12.3 / 3.7 ms, B=64
+N 4..16 ``(N, N, N, 4)`` 59 / 26 ms; the same batch again (maps cached) 2.3 / 2.2, 1.5 / 1.3 and
+15 / 26 ms (it was 65,536, chosen on reused batches). On an accelerator every size runs in
+buckets: a call per sample is a kernel launch per sample."""
 SOFTMAX_CALL_COST = 10_000.0
 """Fixed price of one more softmax bucket (its calls and autograd nodes), in padded
 elements (forward and backward: about 40 us on a CPU)."""

@@ -57,7 +57,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from padless.ops.common import content
+from padless.ops.common import content, sample_views
 from padless.ops.common.amp import autocast_inputs
 from padless.ops.kernels.layout import MAX_BUCKETS, gather_rows, padding_maps, size_buckets
 from padless.ops.pairs import pending
@@ -163,6 +163,17 @@ nodes), in multiply-adds of a small CPU matmul, forward and backward. 300k (not 
 the dense call alone costs) keeps small batches on the per-sample loop: the zoo's boltz
 layer (B=4, N 16..48, Cz 16) ran 0.22x padded with 100k and 0.32x with 300k, while the
 benchmark's layer (B=8, N 16..64, Cz 64) keeps its buckets (2.11x vs 2.15x, one thread)."""
+SCORES_CALL_COST = 1_000_000.0
+""":data:`CALL_COST` of a contraction whose result's last dim is ragged: attention scores, which
+come back as deferred rows (:mod:`padless.ops.pairs.pending`) and usually end in the fused
+attention node, whose bucket runs about three times a plain contraction's calls (the terms'
+gather, ``baddbmm``, softmax, ``bmm``, the gathers back; forward and backward). It sets how
+many buckets such a contraction gets; whether it is bucketed at all (against the per-sample
+loop, which runs the chain's other ops on the rows once) is priced as for any contraction.
+Measured on
+boltz's AttentionPairBias (B=8, N 16..64, one thread, CPU time): two buckets at 300k, one at
+1M, 8.5-11.5 against 8.0-9.3 ms per step; the whole Pairformer layer does not move (its
+triangle attention runs per sample either way)."""
 SAMPLE_CALL_COST = 350_000.0
 """Fixed price of one sample in the per-sample loop (its dense call, slicing, packing and
 autograd nodes), in the same units (about 90 us)."""
@@ -180,6 +191,16 @@ per sample the weights would be computed first and re-laid out. (Pricing the sco
 contraction so too, to bucket triangle attention, measured slower on the benchmark's layer:
 its element maps cost more to build for each new batch than the relayouts they save, 354-360
 against 215-227 ms per step with a new batch each step, two threads.)"""
+ELEMENT_MAP_COST = 64.0
+"""Price of one element of a bucketed result read through element maps (:func:`_element_maps`:
+scores ``(H, I, J)`` stored as rows ``(i, j)``) when its samples are large enough that the
+per-sample path runs the scores' elementwise terms on views (:func:`padless.ops.common.
+sample_views.pays`): the maps are built for each new batch and every term is gathered through
+them, forward and backward. Measured on the zoo's boltz layer (B=4, N 16..48, Cz 16, one
+thread, a new batch every step): triangle attention was bucketed in about 40% of batches,
+each time about 17 ns per score element slower than per sample (45.8 against 38.9 ms per
+step on average); smaller scores (pair-biased attention, ``N_i^2`` rows per sample) keep
+their buckets."""
 ELEMENT_COST = 4.0
 """Price of one element of an operand or the result (its copies), in the same units."""
 
@@ -215,6 +236,26 @@ def _cost(ins: Sequence[str], out: str, letters: list[str], static: dict[str, in
     return cost
 
 
+def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups) -> float:
+    """:data:`ELEMENT_MAP_COST` for every padded element of the operands and the result that
+    are read through element maps and whose samples are large enough for per-sample views."""
+    pos = {c: i for i, c in enumerate(letters)}
+    b = len(rows)
+    price = 0.0
+    for s, ragged in [*((s, o._ragged) for s, o in zip(ins, operands)),
+                      (out, tuple(d for d, c in enumerate(out) if c in ragged_ext))]:
+        if not ragged or not _element_maps(len(s), ragged):
+            continue
+        per_row = [pos[s[d]] for d in ragged]
+        total = sum(math.prod(r[i] for i in per_row) for r in rows)
+        if not sample_views.pays(b, total, operands[0]._values.device):
+            continue
+        width = math.prod(static_ext[c] for c in s if c not in pos)
+        price += ELEMENT_MAP_COST * width * sum(
+            len(ids) * math.prod(max(rows[i][j] for i in ids) for j in per_row) for ids in groups)
+    return price
+
+
 def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], forced: Sequence | None = None) -> _Plan | None:
     """The plan of one contraction; ``forced``: the buckets' samples (another plan's, so two
     contractions share their padded layout), else chosen here (None when the per-sample
@@ -227,15 +268,19 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     letters = sorted(ragged_ext)
     table = torch.stack([ragged_ext[c] for c in letters], 1) if letters else torch.zeros(b, 0, dtype=torch.int64)
     cost = _cost(ins, out, letters, static_ext)
+    # how many buckets: scores (the result's last dim ragged) pay the fused node's price per bucket
+    bucket_call = SCORES_CALL_COST if out and out[-1] in ragged_ext else CALL_COST
     rows = table.tolist()
     call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
     per_sample = sum(cost(r) for r in rows) + b * call
     factor = PENDING_FACTOR if any(isinstance(o._values, pending.Pending) for o in operands) else BUCKET_FACTOR
     if forced is None and factor * (per_sample - b * call + CALL_COST) > per_sample:
         return None  # even one bucket without padding costs more: no need to choose buckets
-    groups = size_buckets(table, cost=cost, overhead=CALL_COST) if forced is None else [list(ids) for ids in forced]
+    groups = size_buckets(table, cost=cost, overhead=bucket_call) if forced is None else [list(ids) for ids in forced]
     padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
                  for ids in groups)
+    if forced is None:  # large samples read through element maps (see ELEMENT_MAP_COST)
+        padded += _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups)
     if forced is None and factor * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
@@ -369,8 +414,8 @@ def _content_key(ins: Sequence[str], out: str, operands: Sequence[NestedTensor])
     v = operands[0]._values
     return ("bucketed", tuple(ins), out, v.device, v.dtype, tuple(keys),
             tuple(isinstance(o._values, pending.Pending) for o in operands),
-            (CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR, ELEMENT_COST,
-             MAX_BUCKETS))
+            (CALL_COST, SCORES_CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR,
+             ELEMENT_COST, ELEMENT_MAP_COST, MAX_BUCKETS, sample_views.ROWS_PER_SAMPLE))
 
 
 def _own_copy(plan: _Plan | None, operands: Sequence[NestedTensor]) -> _Plan | None:
@@ -411,15 +456,19 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
         return None
     if any(not set(c).issubset(set(_LETTERS)) for c in (*ins, out)):
         ins, out = _rename(ins, out)
+    vals = [values_of(o) for o in operands]
+    # softmax(a . b * c + terms) . v pending: one node in the scores' buckets, on this
+    # contraction's plan for those buckets (its own choice of buckets is not needed)
+    attended = pending.attention(ins, out, operands, vals, _grad_equations(ins, out, operands) is not None, _plan_on)
+    if attended is not None:
+        packed, p2 = attended
+        offsets, sizes, env_out, meta = p2.structure
+        return nested_from_values(packed, offsets, sizes, p2.out_ragged, env_out, meta)
     plan = _plan(ins, out, operands)
     if plan is None:
         return None
-    vals = [values_of(o) for o in operands]
-    attended = pending.attention(ins, out, operands, vals, plan, _plan_on)
-    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None and attended is None else None
-    if attended is not None:  # softmax(a . b * c + terms) . v pending: one node in the buckets
-        packed = attended
-    elif pending.deferrable(plan, out, vals):  # scores: pending until used
+    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None else None
+    if pending.deferrable(plan, out, vals):  # scores: pending until used
         packed = pending.contract(plan, *vals)
     elif fused is not None:  # softmax(x) @ v: one node from x, its backward in the buckets
         j, x, y = fused

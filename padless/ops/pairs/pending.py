@@ -462,11 +462,13 @@ class _PendingSoftmax(torch.autograd.Function):
 
 
 def attention(ins: Sequence[str], out: str, operands: Sequence[Any], vals: Sequence[Tensor],
-              plan: _Plan, plan_like) -> Tensor | None:
+              grad_equations: bool, plan_like) -> tuple[Tensor, _Plan] | None:
     """``softmax(scores) . other`` as one bucketed node when operand ``j``'s rows are the
-    pending softmax of pending scores over the dim this contraction sums; else None.
-    ``plan_like(ins, out, operands, groups)``: this contraction's plan on given buckets."""
-    if plan.grad_equations is None or len(vals) != 2:
+    pending softmax of pending scores over the dim this contraction sums: the result's rows
+    and the plan they follow; else None. ``grad_equations``: whether the contraction's
+    gradients are contractions of its form. ``plan_like(ins, out, operands, groups)``: this
+    contraction's plan on given buckets."""
+    if not grad_equations or len(vals) != 2:
         return None
     for j in (0, 1):
         y = vals[j]
@@ -493,9 +495,9 @@ def attention(ins: Sequence[str], out: str, operands: Sequence[Any], vals: Seque
         s.check()
         sp = attend.spec(p1, hit[0], j, 1 + o._ragged[-1], s.alpha, tuple(coef for coef, _, _ in s.terms))
         if s.grad_ok:
-            return _apply(attend.Attention, sp, s.a, s.b, vals[1 - j], None, *_live_terms(s))
+            return _apply(attend.Attention, sp, s.a, s.b, vals[1 - j], None, *_live_terms(s)), hit[0]
         terms = [term.detach() for _, term, _ in s.terms]
-        return _apply(attend.Attention, sp, s.a.detach(), s.b.detach(), vals[1 - j], t.x, *terms)
+        return _apply(attend.Attention, sp, s.a.detach(), s.b.detach(), vals[1 - j], t.x, *terms), hit[0]
     return None
 
 
