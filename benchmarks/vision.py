@@ -29,12 +29,23 @@ image sizes; it reports the first call (compile) time and the graphs compiled ov
 
 ``--ops 6 48`` counts the aten ops of one train step (forward + backward) at each batch size.
 
-    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile] [--ops 6 48]
+``--collated`` adds rows whose batches come ready from a DataLoader worker, as in training: the
+collation runs outside the timed step (here, in this process, then pickled as a worker sends it)
+and the timed step starts by unpickling it. ``padless collated`` uses
+``Collator({"x": Field(ragged=(1, 2), spatial_plan=recipe)})`` with ``recipe =
+padless.vision.plan_recipe(model, example)`` recorded once before the rounds, so every layer's
+spatial plan is built in the worker; ``padless collated (no recipe)`` the same Collator without it;
+``padded collated`` the padded batch, built in the worker too. The note gives the worker's time per
+batch (collate + plans + pickling). Every run of this table then starts after ``gc.collect()``, so
+no run finds the plans of another run on the same sizes (plans are found by content).
+
+    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile] [--ops 6 48] [--collated]
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
 import statistics
@@ -79,6 +90,38 @@ def make_runs(model: nn.Module, imgs: list[torch.Tensor], labels: torch.Tensor, 
             (F.cross_entropy(model(im[None]), labels[k : k + 1]) / len(imgs)).backward()
 
     return {"padless": run_padless, "padded": run_padded, "per-image": run_loop}
+
+
+def collated_runs(model: nn.Module, imgs: list[torch.Tensor], labels: torch.Tensor, dev: str, collators: dict, worker: dict[str, list[float]]) -> dict[str, Callable[[], None]]:
+    """Rows whose batch a DataLoader worker made: collated (and pickled, as a worker sends it) here,
+    untimed; the timed step unpickles it (the main process's share) and runs the train step."""
+    from multiprocessing.reduction import ForkingPickler
+
+    import torch.multiprocessing  # noqa: F401  (registers torch's shared-memory reductions)
+
+    samples = [{"x": im.cpu()} for im in imgs]
+    hmax, wmax = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
+
+    def padded_batch() -> torch.Tensor:
+        x = torch.zeros(len(imgs), imgs[0].shape[0], hmax, wmax)
+        for k, s in enumerate(samples):
+            x[k, :, : s["x"].shape[1], : s["x"].shape[2]] = s["x"]
+        return x
+
+    makers = {name: (lambda c=c: c(samples)) for name, c in collators.items()}
+    makers["padded collated"] = padded_batch
+    runs = {}
+    for name, make in makers.items():
+        t0 = CLOCK()
+        payload = ForkingPickler.dumps(make())
+        worker.setdefault(name, []).append(CLOCK() - t0)
+
+        def run(payload=payload, padded=name.startswith("padded")) -> None:
+            b = ForkingPickler.loads(payload)
+            x = (b if padded else b["x"]).to(dev, non_blocking=True)
+            F.cross_entropy(model(x), labels).backward()
+        runs[name] = run
+    return runs
 
 
 def saved_bytes(fn: Callable[[], torch.Tensor]) -> int:
@@ -147,6 +190,16 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
     vs_loop: dict[str, list[float]] = {}
     mem: dict[str, list[int]] = {}
     pixels = []
+    worker: dict[str, list[float]] = {}
+    of_ideal: dict[str, list[float]] = {}
+    collators = {}
+    if args.collated:  # the recipe: recorded once, on an example batch of other sizes
+        import padless.vision
+
+        ex = [torch.randn(3, h, w, device=dev) for h, w in random_image_sizes(random.Random(99), 4, LO, HI)]
+        recipe = padless.vision.plan_recipe(model, padless.from_list(ex))
+        collators = {"padless collated": padless.Collator({"x": padless.Field(ragged=(1, 2), spatial_plan=recipe)}),
+                     "padless collated (no recipe)": padless.Collator({"x": padless.Field(ragged=(1, 2))})}
     for r in range(args.rounds + 1):
         sizes = random_image_sizes(rng, BATCH, LO, HI)
         pixels.append(sum(h * w for h, w in sizes) / (BATCH * max(h for h, _ in sizes) * max(w for _, w in sizes)))
@@ -164,11 +217,15 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
                     for k, val in old.items():
                         setattr(_module_of(k), k, val)
             runs[f"padless ({lay})"] = run_layout
+        if args.collated:
+            runs.update(collated_runs(model, imgs, labels, dev, collators, worker))
         names = list(runs)
         names = names[r % len(names):] + names[: r % len(names)]  # rotate the order every round
         t: dict[str, float] = {}
         for n in names:
             model.zero_grad(set_to_none=True)
+            if args.collated:
+                gc.collect()  # drop the plans of the other runs on these sizes (kept alive by reference cycles)
             _sync(dev)
             t0 = CLOCK()
             runs[n]()
@@ -184,10 +241,15 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
         for n in t:
             times.setdefault(n, []).append(t[n])
             ratios.setdefault(n, []).append(t["padded"] / t[n])
+            of_ideal.setdefault(n, []).append(t["padded"] / t[n] * pixels[-1])  # speedup / (1 / occupancy)
             vs_loop.setdefault(n, []).append(t["per-image"] / t[n])
     rows = [Row("resnet fwd+bwd b=12", n, statistics.median(times[n]) * 1e6, statistics.median(ratios[n])) for n in times]
     for row in rows:
         row.note = f"{statistics.median(vs_loop[row.impl]):.2f}x the per-image loop"
+        if args.collated:
+            row.note += f"; {statistics.median(of_ideal[row.impl]):.2f} of 1/occupancy"
+        if row.impl in worker:
+            row.note += f"; worker {statistics.median(worker[row.impl][1:]) * 1e3:.1f} ms per batch"
         m = mem.get(row.impl)
         if m:
             row.note += f"; saved activations {m[0] / 2**20:.1f} MiB ({mem['padded'][0] / m[0]:.2f}x less than padded)"
@@ -365,6 +427,7 @@ def main() -> None:
     p.add_argument("--compile", action="store_true", help="only the compiled train step table (eager vs compiled)")
     p.add_argument("--backend", default="inductor", help="torch.compile backend of --compile")
     p.add_argument("--ops", type=int, nargs="*", help="only count aten ops per train step at these batch sizes (e.g. --ops 6 48)")
+    p.add_argument("--collated", action="store_true", help="also rows whose batches a DataLoader worker made (Collator with a network plan recipe; padded)")
     args = p.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter

@@ -31,7 +31,7 @@ the token layout with one ``index_select``::
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -48,7 +48,7 @@ from padless.tensor.errors import StructureError
 
 __all__ = [
     "AxisMap", "apply_rope_2d", "drop_tokens", "factorized_pos_embed", "grid_sizes", "interpolate_pos_embed",
-    "prepare_for_compile", "rope_2d", "take_tokens",
+    "plan_recipe", "prepare_for_compile", "rope_2d", "take_tokens",
 ]
 
 Patch = int | Sequence[int]
@@ -331,3 +331,66 @@ def drop_tokens(
     vals = values_of(tokens).index_select(0, kept.to(tokens.device, non_blocking=True))
     index = from_host_structure(local.to(tokens.device, non_blocking=True), k[:, None], (0,), tokens, out_ho)
     return from_host_structure(vals, out_hs, (0,), tokens, out_ho), index
+
+
+def plan_recipe(model: "torch.nn.Module | Callable[[NestedTensor], Any]", example: NestedTensor, *, backward: bool = True) -> Any:
+    """The spatial plans of a whole network, for ``Field(spatial_plan=recipe)``: the Collator then
+    builds every layer's plans (each stage's convolutions, pools, strided projections, adaptive
+    pooling, nearest upsampling by powers of two) for every batch in its workers, and the first step
+    of a new batch builds none.
+
+    Learned from one step of ``model`` on ``example`` (images ``(C, H_i, W_i)`` ragged along
+    ``(1, 2)``, or sequences ``(C, L_i)``), forward and, with ``backward``, backward (the indices
+    only a backward reads). The step leaves no trace: parameter gradients, buffers (batch-norm
+    running statistics) and the random number generator's state are restored. Record on sizes unlike the training batches' (a few
+    images of different sizes): plans are cached by content, so anything built before on the
+    same sizes is recorded too. A batch whose geometry differs from the recipe stays correct;
+    what the recipe did not build is built on first use, as without a recipe.
+
+    >>> recipe = padless.vision.plan_recipe(model, padless.from_list([torch.randn(3, 40, 56), torch.randn(3, 23, 31)]))
+    >>> collator = padless.Collator({"image": padless.Field(ragged=(1, 2), spatial_plan=recipe)})
+    """
+    from padless.ops.vision.recipe import record
+
+    if not isinstance(example, NestedTensor):
+        raise TypeError(f"plan_recipe(): example must be a NestedTensor of images, got {type(example).__name__}")
+    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
+    buffers = [b for b in model.buffers()] if isinstance(model, torch.nn.Module) else []
+    grads = [p.grad for p in params]
+    saved = [b.detach().clone() for b in buffers]
+
+    def run() -> None:
+        with torch.set_grad_enabled(backward):
+            out = model(example)
+            if backward:
+                total = sum(_scalar(t) for t in _tensors(out) if t.requires_grad)
+                if isinstance(total, Tensor):
+                    total.backward()
+
+    dev = example._values.device
+    try:
+        for p in params:
+            p.grad = None
+        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [], device_type=dev.type if dev.type == "cuda" else "cuda"):
+            return record(example, run)  # dropout draws from a forked generator: the user's stream is left as it was
+    finally:
+        with torch.no_grad():
+            for p, g in zip(params, grads):
+                p.grad = g
+            for b, s in zip(buffers, saved):
+                b.copy_(s)
+
+
+def _tensors(out: Any) -> list[Tensor]:
+    if isinstance(out, Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (list, tuple)):
+        return [t for o in out for t in _tensors(o)]
+    return []
+
+
+def _scalar(t: Tensor) -> Tensor:
+    v = values_of(t) if isinstance(t, NestedTensor) else t
+    return v.float().sum()

@@ -85,7 +85,9 @@ class Field:
                      ``ceil_mode``; ints, pairs, or a ``(top, bottom, left, right)`` padding) or a
                      list of them (several layers reading the field). The worker builds each layer's spatial plan
                      (:func:`padless.ops.vision.spatial.build_spatial_plan`) and a ``Conv2d`` /
-                     ``MaxPool2d`` of that geometry on the batch finds it ready
+                     ``MaxPool2d`` of that geometry on the batch finds it ready. A network plan recipe
+                     (:func:`padless.vision.plan_recipe`) builds every layer's plans of the whole
+                     network instead (each stage's convolutions, pools, strided projections)
     """
 
     ragged: int | tuple[int, ...] | None = None
@@ -100,7 +102,7 @@ class Field:
     pad_value: float = 0.0
     row_maps: bool = False
     padded_index: bool = False
-    spatial_plan: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None
+    spatial_plan: Mapping[str, Any] | Sequence[Mapping[str, Any]] | Any | None = None
 
     def outputs(self) -> dict[str, str]:
         roles = {"position_ids": self.position_ids, "seq_idx": self.seq_idx, "labels": self.labels}
@@ -278,12 +280,16 @@ def _plan_field(name: str, col: list[Any], spec: Field) -> FieldPlan:
 _SPATIAL_KEYS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode")
 
 
-def spatial_geometries(name: str, spec: Any) -> tuple[tuple[Any, Any], ...]:
+def spatial_geometries(name: str, spec: Any) -> Any:
     """The window geometries of ``Field(spatial_plan=...)`` (one dict or a list of dicts), validated:
     per layer ``(geometry on images, geometry on sequences (C, L_i) or None)``; the second
-    exists when every number is one int, as ``nn.Conv1d`` takes them."""
+    exists when every number is one int, as ``nn.Conv1d`` takes them. A
+    :class:`~padless.ops.vision.recipe.PlanRecipe` is returned as it is."""
+    from padless.ops.vision.recipe import PlanRecipe
     from padless.ops.vision.spatial import Geometry, to_pair, to_padding
 
+    if isinstance(spec, PlanRecipe):  # a whole network's plans (padless.vision.plan_recipe)
+        return spec
     layers = [spec] if isinstance(spec, Mapping) else list(spec) if isinstance(spec, (list, tuple)) else None
     if not layers or not all(isinstance(d, Mapping) for d in layers):
         raise TypeError(
@@ -317,6 +323,13 @@ def _plan_spatial(name: str, plan: FieldPlan, geometries: tuple[Any, ...]) -> No
     from padless.ops.vision.spatial import build_spatial_plan
 
     rank = plan.host_sizes.shape[1] if isinstance(plan, RaggedPlan) else -1
+    if not isinstance(geometries, tuple):  # a network plan recipe: every layer's plans, replayed here
+        from padless.collate.network import check_recipe, network_plans
+
+        ragged = plan.ragged if isinstance(plan, RaggedPlan) else "none (stacked)"
+        check_recipe(name, geometries, ragged, rank, plan.static[0] if isinstance(plan, RaggedPlan) and plan.static else None)
+        plan.meta.spatial = (network_plans(_placeholder(plan), geometries),)
+        return
     images = isinstance(plan, RaggedPlan) and rank == 3 and plan.ragged == (1, 2)
     sequences = isinstance(plan, RaggedPlan) and rank == 2 and plan.ragged == (1,)
     if not (images or sequences):
@@ -331,14 +344,18 @@ def _plan_spatial(name: str, plan: FieldPlan, geometries: tuple[Any, ...]) -> No
             f"Collator: field {name!r}: spatial_plan on sequences (C, L_i) takes one int per number "
             "(kernel_size, stride, padding, dilation), as nn.Conv1d does"
         )
-    c = plan.static[0]
-    placeholder = torch.zeros((), dtype=plan.dtype).expand(plan.total, c)
-    packed = NestedTensor(placeholder, plan.host_offsets, plan.host_sizes, plan.ragged, plan.env,
-                          StructureMeta(plan.host_sizes, plan.host_offsets))
+    packed = _placeholder(plan)
     plan.meta.spatial = tuple(
         spatial_maps(build_spatial_plan(packed, g.kernel, g.stride, g.padding, g.dilation, ceil_mode=g.ceil_mode))
         for g in (seq if sequences else img for img, seq in geometries)
     )
+
+
+def _placeholder(plan: RaggedPlan) -> NestedTensor:
+    """The field's structure around values that are never read (plans read sizes only)."""
+    placeholder = torch.zeros((), dtype=plan.dtype).expand(plan.total, plan.static[0])
+    return NestedTensor(placeholder, plan.host_offsets, plan.host_sizes, plan.ragged, plan.env,
+                        StructureMeta(plan.host_sizes, plan.host_offsets))
 
 
 def _pair_operand(plans: dict[str, FieldPlan], name: str) -> RaggedPlan:

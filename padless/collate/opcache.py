@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from padless.collate.metadata import FieldMeta, PairMaps, SpatialMaps
+from padless.collate.network import NetworkPlans, install_network
 from padless.ops.common.broadcast import Plan
 from padless.ops.common.carried import carry_pair_maps
 from padless.ops.common.segment import Groups
@@ -75,7 +76,7 @@ def spatial_maps(plan: Any) -> SpatialMaps:
     return SpatialMaps(plan.geometry, plan.layout, plan.place, plan.gather, plan.take, host)
 
 
-def install_spatial(nt: NestedTensor, maps: Sequence[SpatialMaps]) -> None:
+def install_spatial(nt: NestedTensor, maps: Sequence[SpatialMaps | NetworkPlans]) -> None:
     """Put the carried plans where ``conv2d``/``max_pool2d``/... look for them on ``nt``'s images
     (the spatial cache of its structure, keyed by geometry, layout and device)."""
     from padless.ops.vision import spatial as sp
@@ -83,6 +84,9 @@ def install_spatial(nt: NestedTensor, maps: Sequence[SpatialMaps]) -> None:
     dev = nt._values.device
     cache = sp._cache_of("Collator", nt)
     for m in maps:
+        if isinstance(m, NetworkPlans):  # Field(spatial_plan=recipe): a whole network's plans
+            install_network(nt, m)
+            continue
         key = (m.geometry, m.layout, dev)
         if key in cache.plans:
             continue

@@ -178,8 +178,11 @@ def _strided_1x1(x: NestedTensor, weight: Tensor, bias: Tensor | None, st: tuple
 def subsample_index(x: NestedTensor, st: tuple[int, int]) -> tuple[Tensor, Any]:
     """The rows of every ``st``-th pixel of every image (``ceil(h / s)`` by ``ceil(w / s)`` each,
     row-major) and the output structure cache, cached on ``x``'s structure."""
-    cache = _cache_of("conv2d", x)
-    dev = x._values.device
+    return subsample_of(_cache_of("conv2d", x), st, x._values.device)
+
+
+def subsample_of(cache: Any, st: tuple[int, int], dev: torch.device) -> tuple[Tensor, Any]:
+    """:func:`subsample_index` on a spatial cache (what a network plan recipe replays in a worker)."""
     key = ("subsample", st, dev)
     hit = cache.plans.get(key)
     if hit is None:
@@ -188,7 +191,7 @@ def subsample_index(x: NestedTensor, st: tuple[int, int]) -> tuple[Tensor, Any]:
         ooff = torch.cat([off.new_zeros(1), ohw.prod(1).cumsum(0)])
         _, sid, a, b = _coords(ohw)
         idx = off[:-1][sid] + a * st[0] * hw[sid, 1] + b * st[1]
-        hit = (idx.to(dev, non_blocking=True), _cache_for(ohw, ooff, x._ragged))
+        hit = (idx.to(dev, non_blocking=True), _cache_for(ohw, ooff, cache.ragged))
         cache.plans[key] = hit  # type: ignore[assignment]
     return hit  # type: ignore[return-value]
 

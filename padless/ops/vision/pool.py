@@ -189,8 +189,11 @@ def avg_pool2d(func, input: NestedTensor, kernel_size, stride=None, padding=0, c
 def _adaptive_index(op: str, x: NestedTensor, oh: int, ow: int) -> tuple[Tensor | None, Tensor, Tensor]:
     """Per (pixel, window) pair: the pixel row (None: every row once, in order), the cell
     ``i*oh*ow + a*ow + b`` it pools into, and the pixel count of every cell. Cached."""
-    cache = _cache_of(op, x)
-    dev = x._values.device
+    return adaptive_of(_cache_of(op, x), oh, ow, x._values.device)
+
+
+def adaptive_of(cache: Any, oh: int, ow: int, dev: torch.device) -> tuple[Tensor | None, Tensor, Tensor]:
+    """:func:`_adaptive_index` on a spatial cache (what a network plan recipe replays in a worker)."""
     key = ("adaptive", oh, ow, dev)
     hit = cache.plans.get(key)
     if hit is not None:

@@ -226,9 +226,42 @@ def _nearest_index(x: NestedTensor, hs, ho, hw: list, factors: list) -> tuple[Te
     hit = x._meta.derived.get(key)
     if hit is not None:
         return hit
+    traced = _is_traced(x._values)
+    if not traced and len(set(factors)) == 1:  # one factor: the maps live on the spatial cache too (by content)
+        from padless.ops.vision.spatial import _cache_of
+
+        src, kids, out_hw_t, out_ho = nearest_of(_cache_of("interpolate", x), factors[0], dev)[:4]
+        out_hs = torch.cat([hs[:, :1], out_hw_t], 1)
+        hit = (src, kids, out_hs, out_ho)
+        x._meta.derived[key] = hit
+        return hit
+    src, kids, out_hw_t, out_ho = _nearest_maps(ho, hw, factors, dev)
+    hit = (src, kids, torch.cat([hs[:, :1], out_hw_t], 1), out_ho)
+    if not traced:
+        x._meta.derived[key] = hit
+    return hit
+
+
+def nearest_of(cache: Any, factor: tuple[int, int], dev: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor, Any]:
+    """The nearest-upsampling maps of every image of a spatial cache by one factor ``(k_h, k_w)``:
+    ``(src, kids, out_hw, out_offsets, out_cache)``, cached there (a network plan recipe replays it
+    in a worker, :mod:`padless.ops.vision.recipe`)."""
+    from padless.ops.vision.spatial import _cache_for
+
+    key = ("nearest", factor, dev)
+    hit = cache.plans.get(key)
+    if hit is None:
+        hw = cache.hw.tolist()
+        src, kids, out_hw, out_ho = _nearest_maps(cache.host_offsets, hw, [factor] * len(hw), dev)
+        hit = (src, kids, out_hw, out_ho, _cache_for(out_hw, out_ho, cache.ragged))
+        cache.plans[key] = hit
+    return hit
+
+
+def _nearest_maps(ho: Tensor, hw: list, factors: list, dev: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``(src, kids, out_hw (B, 2), out_offsets)`` of :func:`_nearest_index` (host work)."""
     out_hw = [(h * a, w * b) for (h, w), (a, b) in zip(hw, factors)]
-    out_hs = hs.clone()
-    out_hs[:, 1:] = torch.tensor(out_hw, dtype=torch.int64).view(-1, 2)
+    out_hw_t = torch.tensor(out_hw, dtype=torch.int64).view(-1, 2)
     counts = np.array([oh * ow for oh, ow in out_hw], dtype=np.int64)
     out_ho_np = np.concatenate([[0], np.cumsum(counts)])
     total_out = int(out_ho_np[-1])
@@ -244,10 +277,7 @@ def _nearest_index(x: NestedTensor, hs, ho, hw: list, factors: list) -> tuple[Te
         out_pos = (np.arange(h)[:, None, None, None] * a + np.arange(a)[None, None, :, None]) * ow \
             + np.arange(w)[None, :, None, None] * b + np.arange(b)[None, None, None, :]
         kids[base_in[i] : base_in[i] + h * w, : a * b] = o0 + out_pos.reshape(h * w, a * b)
-    hit = (torch.from_numpy(src).to(dev), torch.from_numpy(kids).reshape(-1).to(dev), out_hs, torch.from_numpy(out_ho_np))
-    if not _is_traced(x._values):
-        x._meta.derived[key] = hit
-    return hit
+    return torch.from_numpy(src).to(dev), torch.from_numpy(kids).reshape(-1).to(dev), out_hw_t, torch.from_numpy(out_ho_np)
 
 
 class _GatherRows(torch.autograd.Function):

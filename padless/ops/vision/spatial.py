@@ -51,7 +51,10 @@ and their inverses are built on the host by one numpy slice per image
 batch of a dozen images at 200 x 200.
 
 The Collator can build a batch's first-layer plan in its worker with
-:func:`build_spatial_plan`; the plan travels with the batch's metadata.
+:func:`build_spatial_plan`; the plan travels with the batch's metadata. With a network plan
+recipe (:mod:`padless.ops.vision.recipe`, ``padless.vision.plan_recipe``) it builds every layer's
+plans there, and their derived indices (``row_of_block``, the gap lists), so the first step of a
+new batch builds none.
 
 A batch of new image sizes runs on a canvas shape an earlier batch used when its boxes fit one at
 most 15% larger (:func:`~padless.ops.vision.pack.reuse_plane`): oneDNN builds a convolution for
@@ -203,9 +206,14 @@ class SpatialPlan:
         gather (measured: 0.32 vs 0.44 ms at 52k x 16 rows, 0.058 vs 0.051 ms at 13k x 16)."""
         if rows.shape[0] == 0:
             return rows.new_full((total, rows.shape[1]), fill)
+        widths = self._divisors.get(("width", side))  # the channel counts met (a network plan recipe reads them)
+        if widths is None:
+            self._divisors[("width", side)] = {rows.shape[1]}
+        elif rows.shape[1] not in widths:
+            widths.add(rows.shape[1])
         if rows.numel() < _FILL_AFTER or self.grids is None:  # small: index_fill_'s fixed cost outweighs the copy
             ext = torch.cat([rows, rows.new_full((1, rows.shape[1]), fill)])
-            return ext.index_select(0, self.row_of_block(side, rows.device))
+            return ext.index_select(0, self._row_of(side, rows.device))
         src, gaps = self._sources(side, rows.device, total)
         out = rows.index_select(0, src)
         return out.index_fill_(0, gaps, fill) if gaps.numel() else out
@@ -227,8 +235,12 @@ class SpatialPlan:
     def row_of_block(self, side: str, device: torch.device) -> Tensor:
         """The row of every block position (``"in"``: input blocks, ``"out"``: output blocks), the
         number of rows (one past the last) in the gaps and at repeated halo pixels of tiles."""
+        self._divisors[("used", side)] = True  # asked for by an op itself (a network plan recipe reads it)
+        return self._row_of(side, device)
+
+    def _row_of(self, side: str, device: torch.device) -> Tensor:
         key = ("row_of", side, device)
-        hit = self._divisors.get(key)  # the plan's derived-index cache (never carried by the Collator)
+        hit = self._divisors.get(key)  # the plan's derived-index cache (carried only with a network plan recipe)
         if hit is None:
             rows = int(self.in_hw.prod(1).sum()) if side == "in" else int(self.out_offsets[-1])
             n, h, w = self.blocks if side == "in" else self.out_blocks
