@@ -64,17 +64,32 @@ def squeeze(func, nt: NestedTensor, dim=None) -> NestedTensor:
     return _squeeze_dims(nt, which)
 
 
+_PERMUTES: dict[tuple, tuple] = {}  # (ragged, static extents, perm) -> what _permute_samples needs
+
+
 def _permute_samples(nt: NestedTensor, perm: Sequence[int]) -> NestedTensor:
     """Reorder sample dims: new sample dim i is old sample dim perm[i]."""
-    old = keep_all(nt)
-    new = [old[p] for p in perm]
-    static_old = [p for p in range(nt.sample_dim) if old[p][0] == STATIC]
-    static_new = [p for p in perm if old[p][0] == STATIC]
+    key = (nt._ragged, tuple(nt._values.shape[1:]), tuple(perm))
+    try:
+        hit = _PERMUTES.get(key)
+    except TypeError:  # symbolic static extents (traced): worked out every time
+        hit = key = None
+    if hit is None:
+        old = keep_all(nt)
+        new = [old[p] for p in perm]
+        static_old = [p for p in range(nt.sample_dim) if old[p][0] == STATIC]
+        static_new = [p for p in perm if old[p][0] == STATIC]
+        vperm = None if static_new == static_old else (0, *[1 + static_old.index(p) for p in static_new])
+        pos = {p: i for i, p in enumerate(perm)}
+        hit = (new, vperm, tuple(pos[r] for r in nt._ragged))
+        if key is not None and all(type(n) is int for _, n in new):
+            if len(_PERMUTES) >= 4096:
+                _PERMUTES.clear()
+            _PERMUTES[key] = hit
+    new, vperm, ragged_order = hit
     vals = values_of(nt)
-    if static_new != static_old:
-        vals = vals.permute(0, *[1 + static_old.index(p) for p in static_new])
-    pos = {p: i for i, p in enumerate(perm)}
-    ragged_order = tuple(pos[r] for r in nt._ragged)
+    if vperm is not None:
+        vals = vals.permute(*vperm)
     return restructure(nt, vals, new, ragged_order)
 
 
