@@ -2,7 +2,7 @@
 padded batch with its masks vs padless, interleaved, per piece and for the whole layer.
 
     python benchmarks/pairformer.py [--batch 8] [--lo 16] [--hi 64] [--rounds 10]
-                                    [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts]
+                                    [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts] [--fresh]
                                     [--compile [--backend inductor]]
 
 The model code is boltz's, unchanged (``zoo/.venv`` has boltz installed:
@@ -19,7 +19,9 @@ plain torch calls) stands in. Both sides get the same weights and inputs:
 ``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
 layer (of the piece, when ``--pieces`` names one); ``--counts`` prints the aten ops per
 padless layer step at B=4 and B=16 (a step whose op count grows with B runs per-sample loops). The ratio column is padded time / padless
-time, the median of per-round ratios (above 1: padless is faster).
+time, the median of per-round ratios (above 1: padless is faster). Each batch is reused for
+its rounds (index maps cached after its first step); ``--fresh`` makes a new batch of new
+lengths every round instead, as training does, so every padless step pays its batch's maps.
 
 ``--compile`` times the whole layer under ``torch.compile`` instead (``--backend``, inductor
 by default): padless compiled with ``fullgraph=True``, padded compiled with ``dynamic=True``,
@@ -257,6 +259,36 @@ def lengths(rng: random.Random, b: int, lo: int, hi: int) -> list[int]:
     return [rng.randint(lo, hi) for _ in range(b)]
 
 
+def fresh(layer: nn.Module, pieces: list[str], args, clock) -> None:
+    """Per piece, ``args.rounds`` rounds; each round a new batch of new lengths (one warm-up
+    round first), padded and padless stepping on it in alternating order. Prints medians of
+    the step times and of the per-round ratios."""
+    print(f"\nnew batch every round ({args.rounds} rounds, lengths U[{args.lo}, {args.hi}])")
+    print("\n| piece | padded (ms) | padless (ms) | padded / padless |")
+    print("|---|---:|---:|---:|")
+    for name in pieces:
+        pad_fn, nt_fn = PIECES[name]
+        rng = random.Random(1)
+        times: dict[str, list[float]] = {"padded": [], "padless": []}
+        ratios = []
+        for r in range(args.rounds + 1):
+            b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, 100 + r, args.dense_masks).to(args.device)
+            steps = {"padded": _step(layer, pad_fn, b), "padless": _step(layer, nt_fn, b)}
+            order = list(steps) if r % 2 else list(reversed(steps))
+            t = {}
+            for k in order:
+                t0 = clock()
+                steps[k]()
+                t[k] = clock() - t0
+            if r == 0:
+                continue  # warm-up
+            for k in t:
+                times[k].append(t[k])
+            ratios.append(t["padded"] / t["padless"])
+        print(f"| {name} | {statistics.median(times['padded']) * 1e3:.1f} | "
+              f"{statistics.median(times['padless']) * 1e3:.1f} | {statistics.median(ratios):.2f}x |", flush=True)
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -387,6 +419,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                     help="cpu: this process' CPU time (steadier on a loaded machine)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="a new batch (new lengths, new NestedTensors) every round, as in training: "
+                         "per-batch index maps are paid in every padless step")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--counts", action="store_true")
     ap.add_argument("--no-check", action="store_true")
@@ -427,7 +462,9 @@ def main() -> None:
     if args.compile:
         compiled(layer, batches, args.rounds, clock, args.backend, 15 if args.profile else 0)
         return
-    if args.rounds:
+    if args.rounds and args.fresh:
+        fresh(layer, pieces, args, clock)
+    elif args.rounds:
         print("\n| piece | padded (ms) | padless (ms) | padded / padless |")
         print("|---|---:|---:|---:|")
         for name in pieces:

@@ -256,10 +256,13 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
     return price
 
 
-def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], forced: Sequence | None = None) -> _Plan | None:
+def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], forced: Sequence | None = None,
+           unread: int | None = None) -> _Plan | None:
     """The plan of one contraction; ``forced``: the buckets' samples (another plan's, so two
     contractions share their padded layout), else chosen here (None when the per-sample
-    loop is cheaper)."""
+    loop is cheaper). ``unread``: an operand whose buffer is never gathered through this plan
+    (the weights of a fused attention, computed in the node): its maps are not built
+    (``pads[unread]`` is None)."""
     ext = _letter_extents(ins, operands)
     if ext is None:
         return None
@@ -293,26 +296,27 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     counts = torch.tensor([len(ids) for ids in groups], dtype=torch.int64)
     dev = operands[0]._values.device
 
-    def index(hs, ho, ragged, s, total, static):
+    def index(hs, ho, ragged, s, total, static, need: bool = True):
         if _element_maps(len(s), ragged):  # buffer in sample dim order: maps over elements
             per_slot = torch.ones(nbk, dtype=torch.int64)
             for d in range(len(s)):
                 per_slot = per_slot * (env[s[d]] if d in ragged else static[d])
             start = layout.offsets_from_counts(counts * per_slot)
-            idx, _ = _elements_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1], static)
+            idx = _elements_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1], static)[0] if need else None
             return idx, start, True
         per_slot = torch.ones(nbk, dtype=torch.int64)
         for d in ragged:
             per_slot = per_slot * env[s[d]]
         start = layout.offsets_from_counts(counts * per_slot)
-        idx, _ = _rows_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1])
+        idx = _rows_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1])[0] if need else None
         return idx, start, False
 
     pads, starts, flat = [], [], []
-    for s, o in zip(ins, operands):
+    for j, (s, o) in enumerate(zip(ins, operands)):
         static = {d: int(o._env[d]) for d in range(len(s)) if d not in o._ragged}
-        idx, start, fl = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0], static)
-        pads.append(padding_maps(idx, int(start[-1]), dev))
+        need = j != unread
+        idx, start, fl = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0], static, need)
+        pads.append(padding_maps(idx, int(start[-1]), dev) if need else None)
         starts.append(start.tolist())
         flat.append(fl)
     out_ragged = tuple(d for d, c in enumerate(out) if c in ragged_ext)
@@ -384,12 +388,12 @@ def _plan(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Pl
     return plan
 
 
-def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], groups) -> _Plan | None:
+def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], groups, unread: int | None = None) -> _Plan | None:
     """The plan of a contraction on given buckets (another plan's: the second contraction of a
-    fused attention), shared by content as :func:`_plan`'s are."""
+    fused attention), shared by content as :func:`_plan`'s are; ``unread``: see :func:`_build`."""
     ckey = _content_key(ins, out, operands)
-    ckey = None if ckey is None else (*ckey, "on", tuple(tuple(ids) for ids in groups))
-    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups))
+    ckey = None if ckey is None else (*ckey, "on", tuple(tuple(ids) for ids in groups), unread)
+    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups, unread))
 
 
 def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build) -> _Plan | None:

@@ -466,7 +466,7 @@ def attention(ins: Sequence[str], out: str, operands: Sequence[Any], vals: Seque
     """``softmax(scores) . other`` as one bucketed node when operand ``j``'s rows are the
     pending softmax of pending scores over the dim this contraction sums: the result's rows
     and the plan they follow; else None. ``grad_equations``: whether the contraction's
-    gradients are contractions of its form. ``plan_like(ins, out, operands, groups)``: this
+    gradients are contractions of its form. ``plan_like(ins, out, operands, groups, unread)``: this
     contraction's plan on given buckets."""
     if not grad_equations or len(vals) != 2:
         return None
@@ -488,7 +488,7 @@ def attention(ins: Sequence[str], out: str, operands: Sequence[Any], vals: Seque
         key = ("attention", tuple(ins), out, j, id(operands[1 - j]._meta))
         hit = p1.cache.get(key)
         if hit is None:
-            p2 = plan_like(ins, out, operands, p1.groups)
+            p2 = plan_like(ins, out, operands, p1.groups, unread=j)  # the weights are made in the node
             if p2 is None or p2.grad_equations is None:
                 continue
             hit = p1.cache[key] = (p2, operands[1 - j]._meta)
