@@ -114,7 +114,7 @@ def no_builds(monkeypatch):
         monkeypatch.setattr(spatial, "_new_plan", refuse("_new_plan", spatial._new_plan))
         monkeypatch.setattr(spatial, "grid_sources", refuse("grid_sources", spatial.grid_sources))
         monkeypatch.setattr(spatial, "grid_index", refuse("grid_index", spatial.grid_index))
-        monkeypatch.setattr(conv_mod, "_coords", refuse("subsample rows", conv_mod._coords))
+        monkeypatch.setattr(conv_mod, "_subsample_rows", refuse("subsample rows", conv_mod._subsample_rows))
         monkeypatch.setattr(resample, "_nearest_maps", refuse("upsampling maps", resample._nearest_maps))
 
     return arm

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.common.amp import autocast_inputs
+from padless.ops.vision.pack import grid_index
 from padless.ops.vision.spatial import (
     BlocksToRows,
     RowsToBlocks,
@@ -33,7 +35,6 @@ from padless.ops.vision.spatial import (
     SpatialPlan,
     _cache_for,
     _cache_of,
-    _coords,
     conv_channels_last,
     image_hw,
     images_like,
@@ -186,14 +187,18 @@ def subsample_of(cache: Any, st: tuple[int, int], dev: torch.device) -> tuple[Te
     key = ("subsample", st, dev)
     hit = cache.plans.get(key)
     if hit is None:
-        hw, off = cache.hw, cache.host_offsets
-        ohw = torch.stack([(hw[:, 0] + st[0] - 1) // st[0], (hw[:, 1] + st[1] - 1) // st[1]], 1)
-        ooff = torch.cat([off.new_zeros(1), ohw.prod(1).cumsum(0)])
-        _, sid, a, b = _coords(ohw)
-        idx = off[:-1][sid] + a * st[0] * hw[sid, 1] + b * st[1]
-        hit = (idx.to(dev, non_blocking=True), _cache_for(ohw, ooff, cache.ragged))
+        idx, ohw, ooff = _subsample_rows(cache.hw.numpy(), cache.host_offsets.numpy(), st)
+        hit = (torch.from_numpy(idx).to(dev, non_blocking=True), _cache_for(torch.from_numpy(ohw), torch.from_numpy(ooff), cache.ragged))
         cache.plans[key] = hit  # type: ignore[assignment]
     return hit  # type: ignore[return-value]
+
+
+def _subsample_rows(hw: np.ndarray, off: np.ndarray, st: tuple[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Host ``(rows, out sizes, out offsets)`` of :func:`subsample_of`, in numpy: image ``i``'s
+    output pixel ``(a, b)`` is its row ``off_i + a * s0 * w_i + b * s1``."""
+    ohw = np.stack([(hw[:, 0] + st[0] - 1) // st[0], (hw[:, 1] + st[1] - 1) // st[1]], 1)
+    ooff = np.concatenate([np.zeros(1, dtype=np.int64), np.cumsum(ohw[:, 0] * ohw[:, 1])])
+    return grid_index(off[:-1], ohw, st[0] * hw[:, 1], st[1]), ohw, ooff
 
 
 def _strided_1x1_backward(nt: NestedTensor, tensors: list, spec: tuple, grad: Tensor, needs: list) -> list:

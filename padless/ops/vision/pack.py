@@ -13,10 +13,13 @@ batch of a few dozen images. A skyline of three placed boxes (heights per column
 from __future__ import annotations
 
 import math
+import threading
+from bisect import bisect_left
+from collections import OrderedDict
 
 import numpy as np
 
-__all__ = ["align_up", "grid_index", "grid_sources", "pack_boxes", "plane_side", "reuse_plane", "skyline"]
+__all__ = ["GridRows", "align_up", "grid_index", "grid_rows", "grid_sources", "pack_boxes", "plane_side", "reuse_plane", "skyline"]
 
 Pair = tuple[int, int]
 
@@ -54,16 +57,18 @@ def pack_boxes(boxes: list[Pair], align: Pair) -> tuple[list[Pair], int, int]:
     pixels, where shelves of boxes with both gaps took 1.33x. A width whose packing already
     covers the best area found is abandoned early.
     """
-    live = [b for b in boxes if b[0] > 0 and b[1] > 0]
-    if not live:
+    order = _order(boxes)
+    if not order:
         return [(0, 0)] * len(boxes), 0, 0
     aw = align[1]
-    area = sum(align_up(h, align[0]) * -(-w // aw) * aw for h, w in live)
-    widest = max(-(-w // aw) for _, w in live)
-    order = _order(boxes)
+    units = _units(boxes, align)
+    cols, heights = units
+    area = sum(heights[i] * cols[i] * aw for i in order)
+    widest = max(cols[i] for i in order)
+    root = math.sqrt(area)
     best = None
     for f in PACK_WIDTHS:
-        got = skyline(boxes, align, max(widest, int(math.sqrt(area) * f / aw)), None if best is None else best[1] * best[2], order)
+        got = _skyline(boxes, units, order, aw, max(widest, int(root * f / aw)), None if best is None else best[1] * best[2])
         if got is not None and (best is None or got[1] * got[2] < best[1] * best[2]):
             best = got
     return best  # type: ignore[return-value]
@@ -74,62 +79,75 @@ def _order(boxes: list[Pair]) -> list[int]:
     return [i for i in sorted(range(len(boxes)), key=lambda i: (-boxes[i][0], -boxes[i][1])) if boxes[i][0] > 0 and boxes[i][1] > 0]
 
 
+def _units(boxes: list[Pair], align: Pair) -> tuple[list[int], list[int]]:
+    """Every box's width in units of ``align[1]`` and its height rounded up to ``align[0]``."""
+    ah, aw = align
+    return [-(-w // aw) for _, w in boxes], [-(-h // ah) * ah for h, _ in boxes]
+
+
 def skyline(boxes: list[Pair], align: Pair, wc: int, bound: int | None = None, order: list[int] | None = None) -> tuple[list[Pair], int, int] | None:
     """One skyline packing of ``boxes`` on a canvas ``wc`` units of ``align[1]`` wide (``None``
     where a box is wider, or where the canvas reaches an area of ``bound`` before the last box).
 
-    The skyline is three lists (segment starts, widths, heights, left to right); a box goes to the
-    segment start where the highest segment under it is lowest (leftmost on ties), and the
-    segments it covers are replaced by one at its top."""
-    ah, aw = align
+    The skyline is two lists (segment starts and heights, left to right; a segment ends where the
+    next starts, the last at ``wc``); a box goes to the segment start where the highest segment under
+    it is lowest (leftmost on ties), and the segments it covers are replaced by one at its top."""
     live = _order(boxes) if order is None else order
     if not live:
         return [(0, 0)] * len(boxes), 0, 0
-    xs, ws, ys = [0], [wc], [0]
+    return _skyline(boxes, _units(boxes, align), live, align[1], wc, bound)
+
+
+_HIGH = 1 << 62  # above any skyline height
+
+
+def _skyline(boxes: list[Pair], units: tuple[list[int], list[int]], live: list[int], aw: int, wc: int, bound: int | None) -> tuple[list[Pair], int, int] | None:
+    cols_of, height_of = units
+    xs, ys = [0], [0]
     pos = [(0, 0)] * len(boxes)
     top = right = 0  # the canvas extent so far (its height and used width, in pixels)
     for i in live:
-        h, w = boxes[i]
-        cols = -(-w // aw)
+        cols = cols_of[i]
         if cols > wc:
             return None
-        best_j, best_y = -1, 0
+        last = wc - cols  # the rightmost start where the box fits
         n = len(xs)
+        best_j, best_y = 0, _HIGH
         for j in range(n):  # the lowest place starts where a segment starts (leftmost on ties)
-            x1 = xs[j] + cols
-            if x1 > wc:
+            x0 = xs[j]
+            if x0 > last:
                 break
             y = ys[j]
-            if best_j >= 0 and y >= best_y:
+            if y >= best_y:
                 continue
+            x1 = x0 + cols
             k = j + 1
             while k < n and xs[k] < x1:
                 if ys[k] > y:
                     y = ys[k]
-                    if best_j >= 0 and y >= best_y:
+                    if y >= best_y:
                         break
                 k += 1
-            if best_j < 0 or y < best_y:
+            if y < best_y:
                 best_j, best_y = j, y
         x0 = xs[best_j]
         x1 = x0 + cols
-        pos[i] = (best_y, x0 * aw)
+        px = x0 * aw
+        pos[i] = (best_y, px)
+        h, w = boxes[i]
         if best_y + h > top:
             top = best_y + h
-        if x0 * aw + w > right:
-            right = x0 * aw + w
+        if px + w > right:
+            right = px + w
         if bound is not None and top * right >= bound:
             return None
         # raise columns [x0, x1) to the box's top: the covered segments become one (the box starts
         # at segment best_j; a last covered segment reaching past x1 keeps its right part)
-        k = best_j
-        while k < n and xs[k] < x1:
-            k += 1
-        last_end = xs[k - 1] + ws[k - 1]
-        if last_end > x1:
-            xs[best_j:k], ws[best_j:k], ys[best_j:k] = [x0, x1], [cols, last_end - x1], [best_y + align_up(h, ah), ys[k - 1]]
+        k = bisect_left(xs, x1, best_j + 1)
+        if (xs[k] if k < n else wc) > x1:
+            xs[best_j:k], ys[best_j:k] = [x0, x1], [best_y + height_of[i], ys[k - 1]]
         else:
-            xs[best_j:k], ws[best_j:k], ys[best_j:k] = [x0], [cols], [best_y + align_up(h, ah)]
+            xs[best_j:k], ys[best_j:k] = [x0], [best_y + height_of[i]]
     return pos, top, right
 
 
@@ -169,30 +187,122 @@ def reuse_plane(key, boxes: list[Pair], align: Pair, extent, pos: list[Pair], hc
     return pos, hc, wc
 
 
-def grid_index(bases: list[int], sizes: list[Pair], row_stride: int, col_stride: int = 1) -> np.ndarray:
+def grid_index(bases, sizes, row_stride, col_stride: int = 1) -> np.ndarray:
     """``bases[i] + r * row_stride + c * col_stride`` for every pixel ``(r, c)`` of every ``(h_i, w_i)``
     grid, row-major per grid, grids in order: the flat canvas position of each packed row (int64, on
-    the host). One small numpy loop over the images (the canvas plans' index builder)."""
-    out = np.empty(sum(h * w for h, w in sizes), dtype=np.int64)
-    o = 0
-    for b, (h, w) in zip(bases, sizes):
-        n = h * w
-        if n:  # one pass: the row starts plus the column offsets, written in place
-            np.add(np.arange(b, b + h * row_stride, row_stride, dtype=np.int64)[:, None],
-                   np.arange(0, w * col_stride, col_stride, dtype=np.int64), out=out[o : o + n].reshape(h, w))
-        o += n
-    return out
+    the host). ``row_stride`` is one int or one per grid. See :class:`GridRows` (this is its
+    :meth:`~GridRows.index` on the rows of ``sizes``, found by content)."""
+    return grid_rows(sizes).index(bases, row_stride, col_stride)
 
 
-def grid_sources(bases: list[int], sizes: list[Pair], row_stride: int, total: int, live: list[bool], fill: int = -1) -> np.ndarray:
+def grid_sources(bases, sizes, row_stride: int, total: int, live, fill: int = -1) -> np.ndarray:
     """The inverse of :func:`grid_index` on a canvas of ``total`` positions: the packed row of every
     position, ``fill`` in the gaps. Grids not ``live`` (no room on the canvas) are skipped."""
-    src = np.full(total + row_stride, fill, dtype=np.int64)  # one spare canvas row: every grid row is a full slice
-    o = 0
-    for b, (h, w), ok in zip(bases, sizes, live):
+    return grid_rows(sizes).sources(bases, row_stride, total, live, fill)
+
+
+SCATTER_PIXELS = 512  # pixels per grid up to which sources are one scatter (above: one strided write per grid)
+LOOP_PIXELS = 4096  # pixels per grid from which an index is written grid by grid (below: one pass over all rows)
+
+
+class GridRows:
+    """The row structure of grids ``(h_i, w_i)``: built once per list of sizes (:func:`grid_rows`) and
+    shared by every index on those sizes (the input and output canvases of every plan that meets
+    them), so an index is a handful of numpy calls whatever the number of grids.
+
+    Two grids ``(2, 3)`` and ``(1, 2)``: ``img = [0, 0, 1]`` (the grid of each grid row), ``r = [0, 1,
+    0]`` (its row in that grid), ``width = [3, 3, 2]``, ``first = [0, 3, 6]`` (its first packed row).
+    Small grids (many grids of few pixels: the late layers of a network) take one pass over all grid
+    rows; large ones one numpy slice per grid (fewer passes over the pixels)."""
+
+    __slots__ = ("hw", "count", "pixels", "img", "r", "width", "first", "_arange")
+
+    def __init__(self, sizes) -> None:
+        hw = np.asarray(sizes, dtype=np.int64).reshape(-1, 2)
+        h, w = hw[:, 0], hw[:, 1]
         n = h * w
-        if n and ok:  # one pass into the grid's strided view
-            np.add(np.arange(o, o + n, w, dtype=np.int64)[:, None], np.arange(w, dtype=np.int64),
-                   out=src[b : b + h * row_stride].reshape(h, row_stride)[:, :w])
-        o += n
-    return src[:total]
+        self.hw = hw.tolist()
+        self.count = hw.shape[0]
+        self.pixels = int(n.sum())
+        self.img = np.repeat(np.arange(self.count), h)
+        self.r = np.arange(self.img.shape[0], dtype=np.int64) - np.repeat(np.cumsum(h) - h, h)
+        self.width = w[self.img]
+        self.first = np.cumsum(self.width) - self.width
+        self._arange: np.ndarray | None = None
+
+    def _rows(self) -> np.ndarray:
+        """``arange(pixels)`` (kept: callers never write it; only asked for on the one-pass paths, i.e.
+        at most ``LOOP_PIXELS`` pixels per grid)."""
+        if self._arange is None:
+            self._arange = np.arange(self.pixels, dtype=np.int64)
+        return self._arange
+
+    def _per_grid(self) -> bool:
+        return self.pixels > LOOP_PIXELS * self.count
+
+    def index(self, bases, row_stride, col_stride: int = 1) -> np.ndarray:
+        """``bases[i] + r * row_stride(_i) + c * col_stride`` for every pixel of every grid."""
+        if self.pixels == 0:
+            return np.empty(0, dtype=np.int64)
+        per_image = not isinstance(row_stride, (int, np.integer))
+        if self._per_grid():
+            out = np.empty(self.pixels, dtype=np.int64)
+            rs = list(row_stride) if per_image else None
+            o = 0
+            for i, (b, (h, w)) in enumerate(zip(bases, self.hw)):
+                n = h * w
+                if n:  # one pass: the row starts plus the column offsets, written in place
+                    s = rs[i] if rs is not None else row_stride
+                    np.add(np.arange(b, b + h * s, s, dtype=np.int64)[:, None],
+                           np.arange(0, w * col_stride, col_stride, dtype=np.int64), out=out[o : o + n].reshape(h, w))
+                o += n
+            return out
+        img = self.img
+        rs = np.asarray(row_stride, dtype=np.int64)[img] if per_image else row_stride
+        start = np.asarray(bases, dtype=np.int64)[img] + self.r * rs - self.first * col_stride  # per grid row
+        out = np.repeat(start, self.width)
+        if col_stride == 1:
+            out += self._rows()
+        else:
+            out += np.arange(0, self.pixels * col_stride, col_stride, dtype=np.int64)
+        return out
+
+    def sources(self, bases, row_stride: int, total: int, live, fill: int = -1) -> np.ndarray:
+        """The packed row of every position of a canvas of ``total`` positions (:func:`grid_sources`)."""
+        if self.pixels <= SCATTER_PIXELS * self.count and all(live):
+            src = np.full(total, fill, dtype=np.int64)
+            if self.pixels:
+                src[self.index(bases, row_stride)] = self._rows()
+            return src
+        src = np.full(total + row_stride, fill, dtype=np.int64)  # one spare canvas row: every grid row is a full slice
+        rows = np.arange(self.pixels, dtype=np.int64)  # copied grid by grid (faster than a broadcast add per grid)
+        o = 0
+        for b, (h, w), ok in zip(bases, self.hw, live):
+            n = h * w
+            if n and ok:  # one copy into the grid's strided view
+                src[b : b + h * row_stride].reshape(h, row_stride)[:, :w] = rows[o : o + n].reshape(h, w)
+            o += n
+        return src[:total]
+
+
+_GRID_ROWS: "OrderedDict[bytes, GridRows]" = OrderedDict()
+GRID_ROWS_KEPT = 32
+_GRID_ROWS_LOCK = threading.Lock()
+
+
+def grid_rows(sizes) -> GridRows:
+    """The :class:`GridRows` of ``sizes`` (a list of ``(h, w)`` or a ``(B, 2)`` array / host tensor),
+    by content: the last few distinct lists of sizes are kept (a network meets each a few times)."""
+    arr = sizes.numpy() if hasattr(sizes, "numpy") else np.asarray(sizes, dtype=np.int64)
+    key = arr.astype(np.int64, copy=False).tobytes()
+    with _GRID_ROWS_LOCK:
+        hit = _GRID_ROWS.get(key)
+        if hit is not None:
+            _GRID_ROWS.move_to_end(key)
+            return hit
+    hit = GridRows(arr)
+    with _GRID_ROWS_LOCK:
+        _GRID_ROWS[key] = hit
+        while len(_GRID_ROWS) > GRID_ROWS_KEPT:
+            _GRID_ROWS.popitem(last=False)
+    return hit

@@ -228,7 +228,7 @@ class SpatialPlan:
         if hit is None:
             if self.grids is None:
                 raise RuntimeError("padless internal: a canvas index asked of a plan without canvas grids")
-            hit = torch.from_numpy(grid_index(self.grids[0], self.in_hw.tolist(), self.grids[1])).to(device)
+            hit = torch.from_numpy(grid_index(self.grids[0], self.in_hw, self.grids[1])).to(device)
             self._divisors[key] = hit
         return hit
 
@@ -262,7 +262,7 @@ class SpatialPlan:
         if hit is None:
             src = self._host_sources(side, total, -1)
             gaps = np.flatnonzero(src < 0)
-            src[gaps] = 0
+            np.maximum(src, 0, out=src)  # the gaps read row 0 (one pass, not a scatter)
             hit = (torch.from_numpy(src).to(device), torch.from_numpy(gaps).to(device))
             self._divisors[key] = hit
         return hit
@@ -274,7 +274,7 @@ class SpatialPlan:
         if grids is None:
             raise RuntimeError("padless internal: canvas sources asked of a plan without canvas grids")
         bases, stride = (grids[0], grids[1]) if side == "in" else (grids[2], grids[3])
-        return grid_sources(bases, (self.in_hw if side == "in" else self.out_hw).tolist(), stride, total, grids[4], fill)
+        return grid_sources(bases, self.in_hw if side == "in" else self.out_hw, stride, total, grids[4], fill)
 
     def avg_divisor(self, include_pad: bool, dtype: torch.dtype, device: torch.device) -> Tensor:
         """Per output row, the element count ``F.avg_pool2d`` divides that window's sum by."""
@@ -479,7 +479,7 @@ def _canvas(g: Geometry, hw: Tensor, ohw: Tensor) -> tuple:
     else:
         in_bases = [(y + pt) * wc + x + pl for y, x in zip(y0, x0)]
         out_bases = [(y // sh) * wo + x // sw for y, x in zip(y0, x0)]
-    take = torch.from_numpy(grid_index(out_bases, list(zip(oh, ow)), wo))
+    take = torch.from_numpy(grid_index(out_bases, ohw, wo))
     grids = (in_bases, wc, out_bases, wo, [bh > 0 and bw > 0 for bh, bw in boxes])
     return (1, hc, wc), (1, ho, wo), None, None, take, grids  # place: built when a backward needs it
 
