@@ -52,6 +52,15 @@ def get(key: tuple) -> Any:
         return hit[0]
 
 
+def get_or_build(key: tuple, build) -> Any:
+    """The entry under ``key``, else ``build()``, kept under ``key`` and returned."""
+    out = get(key)
+    if out is None:
+        out = build()
+        put(key, out)
+    return out
+
+
 def put(key: tuple, value: Any) -> None:
     n = _numel(value)
     if n > ELEMENTS // 4:

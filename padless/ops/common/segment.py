@@ -184,11 +184,8 @@ def _lazy_maps(hs: Tensor, ho: Tensor, ragged, keep, reduced, total: int, dev, c
     content, as :func:`padless.ops.common.structure.derived_tensor` shares them)."""
 
     def maps() -> tuple:
-        out = content.get(ckey)
-        if out is None:
-            out = _to_device(_group_maps(hs, ho, ragged, keep, reduced, total, None), dev)
-            content.put(ckey, out)
-        gid, _, counts, local = out
+        gid, _, counts, local = content.get_or_build(
+            ckey, lambda: _to_device(_group_maps(hs, ho, ragged, keep, reduced, total, None), dev))
         return gid, counts, local
 
     return maps

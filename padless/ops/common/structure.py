@@ -156,11 +156,8 @@ def derived_tensor(nt: NestedTensor, key, compute):
         return hit
     traced = _is_traced(nt._values)
     if m.host_sizes is not None and not traced:
-        ckey = (key, dev, content.structure_key(nt))
-        out = content.get(ckey)
-        if out is None:
-            out = _to_device(compute(m.host_sizes, nt.host_offsets()), dev)
-            content.put(ckey, out)
+        out = content.get_or_build((key, dev, content.structure_key(nt)),
+                                   lambda: _to_device(compute(m.host_sizes, nt.host_offsets()), dev))
         m.derived[full_key] = out
         return out
     return compute(nt._sizes, nt._offsets)
