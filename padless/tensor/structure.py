@@ -269,19 +269,35 @@ def _structure_mismatch(a, b, opname: Any = None, broadcast: bool = False) -> st
             check_same_sizes(a._sizes, b._sizes, list(a._ragged), str(opname), broadcast)
         return None
     if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
+        if _signature(a._meta, None) == _signature(b._meta, None):
+            b._meta = a._meta  # same structure: share metadata, so the next check is an identity test
+            return None
+        if _signature(a._meta, a._ragged) == _signature(b._meta, b._ragged):
+            return None  # static extents differ (a broadcast): the ragged sizes agree
         sa, sb = a._meta.host_sizes, b._meta.host_sizes
     else:
         sa, sb = a._sizes, b._sizes.to(a._sizes.device)
-    if torch.equal(sa, sb):
-        if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
-            b._meta = a._meta  # same structure: share metadata, so the next check is an identity test
-        return None
+        if torch.equal(sa, sb):
+            return None
     rdims = list(a._ragged)
     ra, rb = sa[:, rdims], sb[:, rdims]
     if torch.equal(ra, rb):
         return None
     bad = int((ra != rb).any(1).nonzero()[0, 0])
     return f"sample {bad} has {_fmt_shape(sa[bad].tolist())}, other has {_fmt_shape(sb[bad].tolist())}"
+
+
+def _signature(meta: StructureMeta, ragged: tuple[int, ...] | None) -> bytes:
+    """The host sizes as bytes (``ragged``: only those columns), kept on ``meta``: a broadcast
+    between two structures that differ only in static extents (``x * mask[..., None]``)
+    compares them at every call, forward and backward."""
+    key = ("sizes_signature", ragged)
+    sig = meta.derived.get(key)
+    if sig is None:
+        hs = meta.host_sizes if ragged is None else meta.host_sizes[:, list(ragged)]
+        sig = (tuple(hs.shape), hs.contiguous().numpy().tobytes())
+        meta.derived[key] = sig
+    return sig
 
 
 def _layout_msg(a, b) -> str:

@@ -266,3 +266,20 @@ def test_issue_examples_are_caught_by_both_except_clauses():
         for kind in (ValueError, RuntimeError):
             with pytest.raises(kind, match=r"ragged structures differ: sample 0 has \(2, 3\), other has \(3, 3\)"):
                 call()
+
+
+def test_broadcast_over_static_dims_compares_ragged_sizes_each_call():
+    """``x * m[..., None]``: structures that differ in static extents only pass, forward and
+    backward, however often they meet; a ragged size that differs is named, sample and sizes."""
+    x = padless.from_list([torch.randn(n, n, 4, dtype=torch.float64) for n in (3, 0, 5)]).requires_grad_()
+    m = padless.from_list([torch.rand(n, n, dtype=torch.float64) for n in (3, 0, 5)])
+    for _ in range(2):
+        y = x * m.unsqueeze(-1)
+        y.sum().backward()
+        for a, b, g in zip(y.unbind(), m.unbind(), x.grad.unbind()):
+            assert torch.equal(g, b.unsqueeze(-1).expand_as(g))
+        x.grad = None
+    bad = padless.from_list([torch.rand(n, n, dtype=torch.float64) for n in (3, 2, 5)])
+    for _ in range(2):
+        with pytest.raises(StructureError, match=r"sample 1 has \(0, 0, 4\), other has \(2, 2, 1\)"):
+            x * bad.unsqueeze(-1)

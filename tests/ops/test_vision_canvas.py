@@ -207,7 +207,7 @@ def test_plane_shapes_are_reused_across_batches(monkeypatch):
     conv = nn.Conv2d(3, 2, 3, stride=2, padding=1).double()
     g = torch.Generator().manual_seed(5)
     shapes = []
-    for b in range(12):
+    for b in range(16):  # tight packings are reused less often than loose ones: 16 batches here
         sizes = [tuple(int(v) for v in torch.randint(10, 40, (2,), generator=g)) for _ in range(5)]
         nt, dense = image_batch(sizes, dtype=torch.float64, requires_grad=True, seed=b)
         check_layer(conv, nt, dense, params=list(conv.parameters()))
@@ -235,5 +235,28 @@ def test_reuse_plane_repacks_at_a_known_width():
         assert sorted(got) == [(0, 0), (0, 30), (10, 0), (10, 30)]
         got, h3, w3 = pack.reuse_plane(key, [(10, 100)], (1, 1), lambda p: (10, 100), [(0, 0)], 10, 100)
         assert (h3, w3) == (10, 100) and planes[key][0] == (10, 100)  # too wide for any: a new shape
+    finally:
+        pack._PLANES = old
+
+
+def test_reuse_plane_repacks_in_every_box_order():
+    """Tallest first, these boxes overflow the remembered 21 x 9 plane; another order fits them."""
+    boxes = [(11, 3), (6, 3), (9, 9)]
+    ext = lambda p: (max(y + h for (y, _), (h, _) in zip(p, boxes)), max(x + w for (_, x), (_, w) in zip(p, boxes)))  # noqa: E731
+    pos, hc, wc = pack.pack_boxes(boxes, (1, 1))
+    assert (hc, wc) == (11, 15)
+    tallest = pack.skyline(boxes, (1, 1), 9)
+    assert ext(tallest[0])[0] > 21
+    old = pack._PLANES
+    try:
+        pack._PLANES = {"k": [(21, 9)]}
+        got, h2, w2 = pack.reuse_plane("k", boxes, (1, 1), ext, pos, hc, wc)
+        assert (h2, w2) == (21, 9)
+        eh, ew = ext(got)
+        assert eh <= 21 and ew <= 9
+        for i in range(3):  # no overlap
+            for j in range(i):
+                (y, x), (h, w), (y2, x2), (h2_, w2_) = got[i], boxes[i], got[j], boxes[j]
+                assert y + h <= y2 or y2 + h2_ <= y or x + w <= x2 or x2 + w2_ <= x
     finally:
         pack._PLANES = old
