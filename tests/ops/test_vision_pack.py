@@ -4,6 +4,7 @@ widths, and the canvas positions / sources of every pixel row (a loop over pixel
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -13,11 +14,12 @@ import pytest
 from padless.ops.vision import pack
 
 
-def _ref_skyline(boxes, align, wc):
-    """Tallest first; each box at the lowest segment start (leftmost on ties) of a skyline whose
-    segments start at 0 and at the right edge of every box placed (never merged)."""
+def _ref_skyline(boxes, align, wc, order=None):
+    """Tallest first (or ``order``); each box at the lowest segment start (leftmost on ties) of a
+    skyline whose segments start at 0 and at the right edge of every box placed (never merged)."""
     ah, aw = align
-    order = sorted(range(len(boxes)), key=lambda i: (-boxes[i][0], -boxes[i][1]))
+    if order is None:
+        order = sorted(range(len(boxes)), key=lambda i: (-boxes[i][0], -boxes[i][1]))
     live = [i for i in order if boxes[i][0] > 0 and boxes[i][1] > 0]
     if not live:
         return [(0, 0)] * len(boxes), 0, 0
@@ -57,23 +59,52 @@ def test_skyline_matches_reference(seed):
             assert pack.skyline(boxes, align, wc) == _ref_skyline(boxes, align, wc), (boxes, align, wc)
 
 
+def _ref_candidates(boxes, align):
+    """Every box order of ``PACK_ORDERS`` (first occurrence) with every ``PACK_WIDTHS`` width, then,
+    for at most ``SUBSET_BOXES`` boxes, tallest first at each sum of some boxes' widths between the
+    widest box and ``SUBSET_SPAN`` x sqrt(area) that is not one of those widths."""
+    live = [i for i in range(len(boxes)) if boxes[i][0] > 0 and boxes[i][1] > 0]
+    if not live:
+        return []
+    aw = align[1]
+    cols = {i: -(-boxes[i][1] // aw) for i in live}
+    area = sum(pack.align_up(boxes[i][0], align[0]) * cols[i] * aw for i in live)
+    widest = max(cols.values())
+    widths = []
+    for f in pack.PACK_WIDTHS:
+        w = max(widest, int(math.sqrt(area) * f / aw))
+        if w not in widths:
+            widths.append(w)
+    tallest = sorted(live, key=lambda i: (-boxes[i][0], -boxes[i][1], i))
+    orders = []
+    for key in pack.PACK_ORDERS:  # ties keep the tallest-first order
+        o = sorted(tallest, key=lambda i: key(boxes[i]))
+        if o not in orders:
+            orders.append(o)
+    out = [(o, w) for o in orders for w in widths]
+    if len(live) <= pack.SUBSET_BOXES:
+        sums = {sum(cols[i] for i in c) for r in range(1, len(live) + 1) for c in itertools.combinations(live, r)}
+        top = pack.SUBSET_SPAN * math.sqrt(area) / aw
+        out += [(tallest, w) for w in sorted(sums) if widest <= w <= top and w not in widths]
+    return out
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_pack_boxes_keeps_the_smallest_width(seed):
-    """The early stop of a width already past the best area found changes no result."""
+def test_pack_boxes_keeps_the_smallest_canvas_tried(seed):
+    """The smallest area over the tried orders and widths, the first tried on ties: the early stop
+    of a try already past the best area found changes no result."""
     rng = random.Random(10 + seed)
     for _ in range(100):
         boxes = _boxes(rng)
         align = rng.choice([(1, 1), (2, 2), (4, 4)])
-        live = [b for b in boxes if b[0] > 0 and b[1] > 0]
-        if not live:
+        cands = _ref_candidates(boxes, align)
+        assert pack.pack_candidates(boxes, align) == cands, (boxes, align)
+        if not cands:
             assert pack.pack_boxes(boxes, align) == ([(0, 0)] * len(boxes), 0, 0)
             continue
-        aw = align[1]
-        area = sum(pack.align_up(h, align[0]) * -(-w // aw) * aw for h, w in live)
-        widest = max(-(-w // aw) for _, w in live)
         best = None
-        for f in pack.PACK_WIDTHS:
-            got = _ref_skyline(boxes, align, max(widest, int(math.sqrt(area) * f / aw)))
+        for order, wc in cands:
+            got = _ref_skyline(boxes, align, wc, order)
             if best is None or got[1] * got[2] < best[1] * best[2]:
                 best = got
         assert pack.pack_boxes(boxes, align) == best, (boxes, align)

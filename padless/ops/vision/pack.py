@@ -45,33 +45,75 @@ def plane_side(n: int) -> int:
 
 
 PACK_WIDTHS = (1.0, 1.15, 1.3, 1.5, 1.75, 2.0)  # canvas widths tried, x sqrt(area) (3 of them: 2.4% more area, half the time)
+#: Box orders tried (each with every width): tallest first, widest first, largest first, longest
+#: side first. Over batches of 4-12 images they save 1-4% of the canvas (0.1-0.2 ms per plan).
+PACK_ORDERS = (
+    lambda b: (-b[0], -b[1]),
+    lambda b: (-b[1], -b[0]),
+    lambda b: (-b[0] * b[1], -b[0]),
+    lambda b: (-max(b), -b[0] * b[1]),
+)
+#: Up to this many boxes, every width at which a row of boxes ends exactly is tried too (the sums
+#: of the boxes' widths between the widest box and ``SUBSET_SPAN`` x sqrt(area)): few boxes pack
+#: badly at the widths of ``PACK_WIDTHS`` alone (6 images: 1.19x their area, 1.13x with these).
+SUBSET_BOXES = 6
+SUBSET_SPAN = 2.2
 
 
 def pack_boxes(boxes: list[Pair], align: Pair) -> tuple[list[Pair], int, int]:
-    """Skyline-pack boxes ``(h, w)`` onto one canvas (tallest first, each at the lowest place it
-    fits, leftmost on ties), origins aligned to ``align``.
+    """Skyline-pack boxes ``(h, w)`` onto one canvas (each at the lowest place it fits, leftmost
+    on ties), origins aligned to ``align``.
 
-    Tries a few canvas widths and keeps the smallest area. Boxes of zero area get no room.
-    Returns the origin of every box, and the canvas height and width. On 12 images of sides
-    U[48, 216] at stride 4 (boxes sharing their gaps) the canvas is about 1.25x their
-    pixels, where shelves of boxes with both gaps took 1.33x. A width whose packing already
-    covers the best area found is abandoned early.
+    Tries a few box orders (:data:`PACK_ORDERS`) and canvas widths (:func:`pack_candidates`) and
+    keeps the smallest area (the first found on ties). Boxes of zero area get no room. Returns
+    the origin of every box, and the canvas height and width. On 12 images of sides U[48, 216]
+    at stride 4 (boxes sharing their gaps) the canvas is about 1.16x the boxes, on 6 images
+    1.14x. A width whose packing already covers the best area found is abandoned early.
     """
-    order = _order(boxes)
-    if not order:
+    cands = pack_candidates(boxes, align)
+    if not cands:
         return [(0, 0)] * len(boxes), 0, 0
-    aw = align[1]
     units = _units(boxes, align)
-    cols, heights = units
-    area = sum(heights[i] * cols[i] * aw for i in order)
-    widest = max(cols[i] for i in order)
-    root = math.sqrt(area)
     best = None
-    for f in PACK_WIDTHS:
-        got = _skyline(boxes, units, order, aw, max(widest, int(root * f / aw)), None if best is None else best[1] * best[2])
+    for order, wc in cands:
+        got = _skyline(boxes, units, order, align[1], wc, None if best is None else best[1] * best[2])
         if got is not None and (best is None or got[1] * got[2] < best[1] * best[2]):
             best = got
     return best  # type: ignore[return-value]
+
+
+def pack_candidates(boxes: list[Pair], align: Pair) -> list[tuple[list[int], int]]:
+    """The (box order, canvas width in units of ``align[1]``) pairs :func:`pack_boxes` tries, in
+    its order (empty when no box has an area)."""
+    order = _order(boxes)
+    if not order:
+        return []
+    aw = align[1]
+    cols, heights = _units(boxes, align)
+    area = sum(heights[i] * cols[i] * aw for i in order)
+    widest = max(cols[i] for i in order)
+    root = math.sqrt(area)
+    widths = list(dict.fromkeys(max(widest, int(root * f / aw)) for f in PACK_WIDTHS))
+    orders = _orders(boxes, order)
+    out = [(o, w) for o in orders for w in widths]
+    if len(order) <= SUBSET_BOXES:  # the widths where a row of boxes ends, tallest first only
+        top = SUBSET_SPAN * root / aw
+        sums = {0}
+        for i in order:
+            sums |= {t + cols[i] for t in sums}
+        out += [(order, w) for w in sorted(sums) if widest <= w <= top and w not in widths]
+    return out
+
+
+def _orders(boxes: list[Pair], tallest: list[int] | None = None) -> list[list[int]]:
+    """The distinct box orders of :data:`PACK_ORDERS` (ties keep the tallest-first order)."""
+    tallest = _order(boxes) if tallest is None else tallest
+    orders: list[list[int]] = []
+    for key in PACK_ORDERS:
+        o = sorted(tallest, key=lambda i: key(boxes[i]))
+        if o not in orders:
+            orders.append(o)
+    return orders
 
 
 def _order(boxes: list[Pair]) -> list[int]:
@@ -173,13 +215,16 @@ def reuse_plane(key, boxes: list[Pair], align: Pair, extent, pos: list[Pair], hc
         if h2 >= hc and w2 >= wc:
             hit = (pos, h2, w2)
         else:
-            got = skyline(boxes, align, w2 // align[1])
-            if got is None:
+            hit = None
+            for order in _orders(boxes):  # packed again at its width, each box order in turn
+                got = skyline(boxes, align, w2 // align[1], None, order)
+                if got is not None:
+                    eh, ew = extent(got[0])
+                    if eh <= h2 and ew <= w2:
+                        hit = (got[0], h2, w2)
+                        break
+            if hit is None:
                 continue
-            eh, ew = extent(got[0])
-            if eh > h2 or ew > w2:
-                continue
-            hit = (got[0], h2, w2)
         seen.insert(0, seen.pop(k))
         return hit
     seen.insert(0, (hc, wc))
