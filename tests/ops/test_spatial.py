@@ -26,6 +26,25 @@ def test_plan_is_cached_and_collator_plan_is_used():
     assert y.sizes().tolist() == [[4, 10, 15], [4, 5, 4]]
 
 
+def test_a_new_batch_object_of_the_same_sizes_finds_its_plans(monkeypatch):
+    """The next step on the same image sizes (a new ``from_list``, the old batch gone) builds no
+    plan: the first layer's, on the input's own sizes, included."""
+    import gc
+
+    built = []
+    new_plan = spatial._new_plan
+    monkeypatch.setattr(spatial, "_new_plan", lambda *a: built.append(a[1]) or new_plan(*a))
+    net = nn.Sequential(nn.Conv2d(3, 4, 7, stride=2, padding=3), nn.ReLU(), nn.MaxPool2d(3, 2, 1), nn.Conv2d(4, 4, 3, padding=1))
+    imgs = [torch.randn(3, 37, 51), torch.randn(3, 20, 9), torch.randn(3, 64, 30)]
+    for step in range(3):
+        built.clear()
+        x = padless.from_list(imgs, ragged_dims=(1, 2)).requires_grad_()
+        net(x).values().sum().backward()
+        del x
+        gc.collect()
+        assert len(built) == (3 if step == 0 else 0), (step, built)
+
+
 def test_branches_reaching_the_same_sizes_share_one_structure():
     x, _ = image_batch([(13, 9), (6, 11)])
     main = nn.Conv2d(3, 8, 3, 2, 1)(x)

@@ -66,6 +66,7 @@ the opt-in design of :mod:`padless.ops.vision.canvas` (measured slower on the CP
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import weakref
@@ -356,6 +357,7 @@ class SpatialCache:
 
 
 _CACHES: "weakref.WeakValueDictionary[Any, SpatialCache]" = weakref.WeakValueDictionary()
+_RECENT: "collections.deque[SpatialCache]" = collections.deque(maxlen=4)  # the latest input batches' caches
 _KEY = "spatial"
 
 
@@ -385,13 +387,11 @@ def _cache_of(op: str, nt: NestedTensor) -> SpatialCache:
     if hit is not None:
         return hit
     hw, ho = image_hw(op, nt)
-    key = (nt._ragged, hw.numpy().tobytes(), ho.numpy().tobytes())
-    cache = _CACHES.get(key)
-    if cache is None:
-        cache = SpatialCache(hw, ho, nt._ragged)
-        _CACHES[key] = cache
+    cache = _cache_for(hw, ho, nt._ragged)
     if not _is_traced(nt._values):
         nt._meta.derived[_KEY] = cache
+        if cache not in _RECENT:  # kept: the next step on these sizes, as a new batch object, finds its plans
+            _RECENT.append(cache)
     return cache
 
 
