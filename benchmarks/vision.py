@@ -36,7 +36,7 @@ and the timed step starts by unpickling it. ``padless collated`` uses
 padless.vision.plan_recipe(model, example)`` recorded once before the rounds, so every layer's
 spatial plan is built in the worker; ``padless collated (no recipe)`` the same Collator without it;
 ``padded collated`` the padded batch, built in the worker too. The note gives the worker's time per
-batch (collate + plans + pickling). Every run of this table then starts after ``gc.collect()``, so
+batch (collate + plans + pickling). Every run of this table then starts with no spatial cache kept, so
 no run finds the plans of another run on the same sizes (plans are found by content).
 
     python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile] [--ops 6 48] [--collated]
@@ -224,8 +224,9 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
         t: dict[str, float] = {}
         for n in names:
             model.zero_grad(set_to_none=True)
-            if args.collated:
-                gc.collect()  # drop the plans of the other runs on these sizes (kept alive by reference cycles)
+            if args.collated or layouts:  # untimed: drop the plans of the other runs on these sizes (the
+                spatial._RECENT.clear()  # latest batches' caches are kept, and their plans by reference cycles)
+                gc.collect()
             _sync(dev)
             t0 = CLOCK()
             runs[n]()

@@ -357,7 +357,7 @@ class SpatialCache:
 
 
 _CACHES: "weakref.WeakValueDictionary[Any, SpatialCache]" = weakref.WeakValueDictionary()
-_RECENT: "collections.deque[SpatialCache]" = collections.deque(maxlen=4)  # the latest input batches' caches
+_RECENT: "collections.deque[SpatialCache]" = collections.deque(maxlen=2)  # the latest input batches' caches
 _KEY = "spatial"
 
 
