@@ -61,7 +61,7 @@ def test_skyline_matches_reference(seed):
 
 def _ref_candidates(boxes, align):
     """Every box order of ``PACK_ORDERS`` (first occurrence) with every ``PACK_WIDTHS`` width, then,
-    for at most ``SUBSET_BOXES`` boxes, tallest first at each sum of some boxes' widths between the
+    for at most ``FEW_BOXES`` boxes, tallest first at each sum of some boxes' widths between the
     widest box and ``SUBSET_SPAN`` x sqrt(area) that is not one of those widths."""
     live = [i for i in range(len(boxes)) if boxes[i][0] > 0 and boxes[i][1] > 0]
     if not live:
@@ -77,12 +77,12 @@ def _ref_candidates(boxes, align):
             widths.append(w)
     tallest = sorted(live, key=lambda i: (-boxes[i][0], -boxes[i][1], i))
     orders = []
-    for key in pack.PACK_ORDERS:  # ties keep the tallest-first order
+    for key in pack.PACK_ORDERS if len(live) <= pack.FEW_BOXES else pack.PACK_ORDERS[:1]:  # ties: tallest first
         o = sorted(tallest, key=lambda i: key(boxes[i]))
         if o not in orders:
             orders.append(o)
     out = [(o, w) for o in orders for w in widths]
-    if len(live) <= pack.SUBSET_BOXES:
+    if len(live) <= pack.FEW_BOXES:
         sums = {sum(cols[i] for i in c) for r in range(1, len(live) + 1) for c in itertools.combinations(live, r)}
         top = pack.SUBSET_SPAN * math.sqrt(area) / aw
         out += [(tallest, w) for w in sorted(sums) if widest <= w <= top and w not in widths]
