@@ -390,8 +390,8 @@ def _cache_of(op: str, nt: NestedTensor) -> SpatialCache:
     cache = _cache_for(hw, ho, nt._ragged)
     if not _is_traced(nt._values):
         nt._meta.derived[_KEY] = cache
-        if cache not in _RECENT:  # kept: the next step on these sizes, as a new batch object, finds its plans
-            _RECENT.append(cache)
+        if nt._values.device.type == "cpu" and cache not in _RECENT:  # the next step on these sizes (a new
+            _RECENT.append(cache)  # batch object) finds its plans; not on a device: its maps hold its memory
     return cache
 
 
