@@ -26,7 +26,13 @@
    with ``--quick``).
 
 Prints one summary line per step and exits 0 (a failed step is reported in its
-summary); ``--strict`` exits non-zero when a step failed.
+summary); ``--strict`` exits non-zero when a step failed. ``--budget SECONDS`` fits the run
+into a lease (a lent GPU machine gives a session about 15 minutes in all, 10 per command): each
+step's timeout is what is left of the budget, and steps that would start with under 20 s left
+are reported as skipped. ``--log PATH`` also writes every line there as it is printed (put it
+under the device tool's ``$OUT`` so a run stopped at its limit still returns its log)::
+
+    PYTHONUNBUFFERED=1 PYTHONPATH=. python3 benchmarks/gpu_check.py --budget 540 --log $OUT/gpu_check.log
 """
 
 from __future__ import annotations
@@ -37,17 +43,39 @@ import sys
 import time
 
 
-def step(name: str, cmd: list[str], tail_lines: int = 15) -> bool:
+STEP_TIMEOUT = 1800.0  # seconds, without --budget
+MIN_STEP = 20.0  # seconds: a step that would start with less budget left is skipped
+_DEADLINE: list[float] = []  # time.perf_counter() at which --budget runs out
+_LOG: list = []  # the --log file
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+    for f in _LOG:
+        f.write(text + "\n")
+        f.flush()
+
+
+def step(name: str, cmd: list[str], tail_lines: int = 15) -> bool | None:
+    """Run one check; True / False for ok / failed, None when the budget left no time for it."""
+    timeout = STEP_TIMEOUT
+    if _DEADLINE:
+        timeout = min(timeout, _DEADLINE[0] - time.perf_counter())
+        if timeout < MIN_STEP:
+            say(f"== {name}: skipped ({max(timeout, 0):.0f} s of the budget left)")
+            return None
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
-        print(f"== {name}: FAILED (timed out after {e.timeout:.0f} s)")
+        out = ((e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
+        say(f"== {name}: FAILED (timed out after {e.timeout:.0f} s)")
+        say("\n".join("   " + line for line in out.strip().splitlines()[-tail_lines:]))
         return False
     ok = proc.returncode == 0
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-tail_lines:]
-    print(f"== {name}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
-    print("\n".join("   " + line for line in tail))
+    say(f"== {name}: {'ok' if ok else 'FAILED'} ({time.perf_counter() - t0:.0f} s)")
+    say("\n".join("   " + line for line in tail))
     return ok
 
 
@@ -97,12 +125,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--strict", action="store_true", help="exit non-zero when a step failed")
+    ap.add_argument("--budget", type=float, default=None, help="seconds for the whole run (steps past it are skipped)")
+    ap.add_argument("--log", default=None, help="also write every line to this file as it is printed")
     args = ap.parse_args()
+    if args.budget is not None:
+        _DEADLINE.append(time.perf_counter() + args.budget)
+    if args.log:
+        _LOG.append(open(args.log, "a"))
     import torch
 
     if not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA device visible")
-    print(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
+        say("gpu_check: no CUDA device visible")
+        raise SystemExit(1)
+    say(f"GPU: {torch.cuda.get_device_name()}, torch {torch.__version__}")
     py = sys.executable
     results = [
         step("CUDA tests", [py, "-m", "pytest", "-q", "-k", "cuda", "-p", "no:cacheprovider", "tests"]),
@@ -122,13 +157,14 @@ def main() -> None:
         try:
             import transformers  # noqa: F401
         except ImportError:
-            print("== transformers rows: skipped (pip install transformers to run benchmarks/hf.py on the GPU)")
+            say("== transformers rows: skipped (pip install transformers to run benchmarks/hf.py on the GPU)")
         else:
             results.append(step("transformers (bf16 autocast, zero syncs, FLOP ideal)",
                                 [py, "benchmarks/hf.py", "--device", "cuda", "--dtype", "bfloat16", "--syncs",
                                  "--rounds", "10"], tail_lines=25))
-    failed = sum(not r for r in results)
-    print(f"== gpu_check: {len(results) - failed} of {len(results)} steps ok")
+    failed = sum(r is False for r in results)
+    skipped = sum(r is None for r in results)
+    say(f"== gpu_check: {len(results) - failed - skipped} of {len(results)} steps ok, {failed} failed, {skipped} skipped")
     if failed and args.strict:
         raise SystemExit(1)
 
