@@ -60,6 +60,7 @@ class NeedsPerSample(Exception):
 _TLS = threading.local()
 # Torch-level calls that run the autograd engine (see ``NestedTensor.__torch_function__``).
 _BACKWARD_CALLS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+_SKIP_ONE_HOP = getattr(torch.overrides, "redispatch_function", None)  # torch >= 2.12
 
 
 def _needs_grad(args: tuple, kwargs: dict) -> bool:
@@ -222,12 +223,14 @@ class NestedTensor(Tensor):
         kwargs = kwargs or {}
         handler = FUNCTION_TABLE.get(func)
         if handler is None and func in _BACKWARD_CALLS:
-            # The engine runs backward formulas as ATen ops: an op without a handler there
-            # runs per sample at ATen level (re-running ``backward`` per sample is wrong).
-            # Only this hop is skipped: Python backward code (a custom ``autograd.Function``,
-            # hooks) still sees NestedTensors at torch level, as when backward starts from a
-            # dense loss.
-            return torch.overrides.redispatch_function(func, types, args, kwargs)
+            # The engine runs backward formulas as ATen ops (an op without a handler there runs
+            # per sample; re-running ``backward`` per sample is wrong). Only this hop is skipped:
+            # Python backward code (custom Functions, hooks) still sees NestedTensors at torch
+            # level; before torch 2.12 (no one-hop skip) the whole call runs below it.
+            if _SKIP_ONE_HOP is not None:
+                return _SKIP_ONE_HOP(func, types, args, kwargs)
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
         with torch._C.DisableTorchFunctionSubclass():
             if handler is not None:
                 return handler(func, *args, **kwargs)
@@ -301,16 +304,12 @@ class NestedTensor(Tensor):
 
     def sizes(self) -> Tensor:
         """Exact shape of every sample, int64 ``(B, D)`` on the values' device. Never syncs.
-
-        A copy made once per structure, like :meth:`offsets` (writes into it leave ``z`` intact).
-        """
+        A copy made once per structure, like :meth:`offsets` (writes into it leave ``z`` intact)."""
         return handed_out(self._meta, "sizes", self._sizes)
 
     def lengths(self) -> Tensor:
         """Length of every sample along the only ragged dim, int64 ``(B,)``. Never syncs.
-
-        A view of :meth:`sizes`' copy (writes into it leave ``z`` intact).
-        """
+        A view of :meth:`sizes`' copy (writes into it leave ``z`` intact)."""
         if len(self._ragged) != 1:
             raise StructureError(
                 f"lengths(): this NestedTensor has {len(self._ragged)} ragged dims {self.ragged_dims}; "
