@@ -75,7 +75,7 @@ PAIR_GROUPS = "pair_groups"  # on a traced pair structure: (rows_a, rows_b, oper
 def size_carrier(rows: int, device: torch.device | str) -> Tensor:
     """A ``(rows,)`` tensor of stride 0 over one byte: carries the number ``rows`` into a
     compiled graph as a symbolic size (marked unbacked, so it never specialises)."""
-    t = torch.empty(1, dtype=torch.uint8, device=device).expand(rows)
+    t = torch.empty_strided((rows,), (0,), dtype=torch.uint8, device=device)  # one byte of storage, not a view
     _as_count(t)
     return t
 
