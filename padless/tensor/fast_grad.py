@@ -26,6 +26,7 @@ from torch import Tensor
 from padless.tensor.autograd import rewrap
 from padless.tensor.core import NestedTensor, values_of
 from padless.tensor.registry import lend, lent
+from padless.tensor.structure import sizes_signature
 
 _WHERE = {torch.where, torch.Tensor.where}
 _padded_rows = None  # padless.ops.common.padded.padded_rows, borrowed on first use
@@ -38,11 +39,9 @@ def _same(a: NestedTensor, ref: NestedTensor) -> bool:
         return True
     if a._offsets is not ref._offsets or a._ragged != ref._ragged or len(a._env) != len(ref._env):
         return False
-    ha, hr = a._meta.host_sizes, ref._meta.host_sizes
-    if ha is None or hr is None or any(a._env[r] != ref._env[r] for r in ref._ragged):
+    if a._meta.host_sizes is None or ref._meta.host_sizes is None or any(a._env[r] != ref._env[r] for r in ref._ragged):
         return False
-    rag = list(ref._ragged)
-    return torch.equal(ha[:, rag], hr[:, rag])
+    return sizes_signature(a._meta, ref._ragged) == sizes_signature(ref._meta, ref._ragged)
 
 
 @lend("pointwise_with_grad")

@@ -269,10 +269,10 @@ def _structure_mismatch(a, b, opname: Any = None, broadcast: bool = False) -> st
             check_same_sizes(a._sizes, b._sizes, list(a._ragged), str(opname), broadcast)
         return None
     if a._meta.host_sizes is not None and b._meta.host_sizes is not None:
-        if _signature(a._meta, None) == _signature(b._meta, None):
+        if sizes_signature(a._meta, None) == sizes_signature(b._meta, None):
             b._meta = a._meta  # same structure: share metadata, so the next check is an identity test
             return None
-        if _signature(a._meta, a._ragged) == _signature(b._meta, b._ragged):
+        if sizes_signature(a._meta, a._ragged) == sizes_signature(b._meta, b._ragged):
             return None  # static extents differ (a broadcast): the ragged sizes agree
         sa, sb = a._meta.host_sizes, b._meta.host_sizes
     else:
@@ -287,10 +287,10 @@ def _structure_mismatch(a, b, opname: Any = None, broadcast: bool = False) -> st
     return f"sample {bad} has {_fmt_shape(sa[bad].tolist())}, other has {_fmt_shape(sb[bad].tolist())}"
 
 
-def _signature(meta: StructureMeta, ragged: tuple[int, ...] | None) -> bytes:
-    """The host sizes as bytes (``ragged``: only those columns), kept on ``meta``: a broadcast
-    between two structures that differ only in static extents (``x * mask[..., None]``)
-    compares them at every call, forward and backward."""
+def sizes_signature(meta: StructureMeta, ragged: tuple[int, ...] | None) -> tuple:
+    """The host sizes (``ragged``: only those columns) as (shape, bytes), kept on ``meta``: a
+    broadcast between two structures that differ only in static extents (``x * mask[..., None]``)
+    compares them at every call, forward and backward. ``meta`` must have host sizes."""
     key = ("sizes_signature", ragged)
     sig = meta.derived.get(key)
     if sig is None:
