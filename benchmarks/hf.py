@@ -156,7 +156,7 @@ def main() -> None:
     attns = args.attn.split(",")
     if "padless" in attns:
         try:
-            import padless.hf  # registers attn_implementation="padless" with transformers
+            import padless.hf  # noqa: F401  (registers attn_implementation="padless" with transformers)
         except ImportError:
             attns.remove("padless")
     load0 = os.getloadavg()

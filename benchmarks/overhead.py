@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 import torch
-import torch.nn.functional as F
 
 import padless
 from padless.testing import bench

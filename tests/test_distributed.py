@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-import padless
 from padless.distributed import global_count, global_mean
 from padless.loaders import BudgetBatchSampler, TokenBudget
 from padless.loaders.synthetic import write_shards

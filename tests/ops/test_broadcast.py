@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import padless
-from padless.testing import assert_close_samples, check_samples, leaves
+from padless.testing import check_samples, leaves
 
 
 LENS = [3, 5, 0, 1]

@@ -43,7 +43,7 @@ def test_view_is_a_view_of_values(v, fn, ref):
     def as_view(x):
         return x.view(*fn(x).shape) if isinstance(x, NestedTensor) else fn(x)
 
-    out = check_op(as_view, v, ref=ref or (lambda s: fn(s[None])[0]))
+    check_op(as_view, v, ref=ref or (lambda s: fn(s[None])[0]))
     nt, _ = make_batch(v)
     assert as_view(nt).values().data_ptr() == nt.values().data_ptr()
 

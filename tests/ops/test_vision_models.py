@@ -11,7 +11,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import padless
 from padless.testing import assert_close_samples
 from padless.testing.vision import BasicBlock, ResNetish, check_layer, image_batch
 
