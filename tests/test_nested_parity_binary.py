@@ -66,7 +66,20 @@ BINARY = {
 }
 
 
+def _differentiable(op) -> bool:
+    """Whether this torch differentiates ``op`` on dense tensors (``nextafter``'s derivative
+    arrived in torch 2.12): the padless and the per-sample reference gradients need it."""
+    a, b = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+    try:
+        torch.autograd.grad(op(a, b).sum(), [a, b], allow_unused=True)
+    except (NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
 def _check_binary(op, batch, kind, nested_first, grad):
+    if grad and not _differentiable(op):
+        pytest.skip(f"this torch ({torch.__version__}) has no derivative for {op.__name__}")
     samples = _samples(BATCHES[batch], seed=1)
     x = _pl(samples, requires_grad=grad)
     t = _dense_operand(kind, len(samples)).requires_grad_(grad)
@@ -112,6 +125,8 @@ def test_nested_pair_zero_gradients_are_nested(batch):
     samples = _samples(BATCHES[batch], seed=3)
     other = _samples(BATCHES[batch], seed=4)
     for op in (torch.copysign, torch.nextafter, torch.Tensor.copysign):
+        if not _differentiable(op):  # nextafter before torch 2.12
+            continue
         a, b = _pl(samples, True), _pl(other, True)
         ga, gb = torch.autograd.grad(op(a, b).values().sum(), [a, b])
         refs = [torch.autograd.grad(op(x, y).sum(), [x, y]) for x, y in

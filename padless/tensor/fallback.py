@@ -158,9 +158,22 @@ def _run(func, args: tuple, kwargs: dict, named_op, differentiable: bool) -> Any
                 "are not the batch's result). Reduce x.values() (packed rows) or each sample of x.unbind() instead"
             )
         samples = [o.squeeze(0) for o in outs]
-        ragged = ref.ragged_dims if samples[0].dim() == ref.sample_dim else None
-        return from_list(samples, ragged_dims=ragged, keep_history=differentiable)
+        return from_list(samples, ragged_dims=_out_ragged(samples, ref), keep_history=differentiable)
 
     if isinstance(results[0], (tuple, list)):
         return type(results[0])(pack([r[k] for r in results]) for k in range(len(results[0])))
     return pack(results)
+
+
+def _out_ragged(samples: list[Tensor], ref: NestedTensor) -> tuple[int, ...] | None:
+    """The ragged dims of per-sample results: the input's when the results have its rank and
+    differ only there (an op that keeps dims in place); the dims that differ when an op moved
+    them (``transpose`` run per sample: as many differ as the input had ragged dims); else
+    None (inferred by ``from_list``, which names a static dim that differs)."""
+    if samples[0].dim() != ref.sample_dim:
+        return None
+    varying = tuple(d for d in range(samples[0].dim()) if any(s.shape[d] != samples[0].shape[d] for s in samples))
+    if set(varying) <= set(ref.ragged_dims) or len(varying) != len(ref.ragged_dims):
+        return ref.ragged_dims
+    return varying
+

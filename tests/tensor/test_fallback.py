@@ -30,6 +30,19 @@ def test_fallback_tuple_outputs():
     padless.testing.assert_close_samples(out.indices, [s.sort(dim=1).indices for s in dense])
 
 
+def test_fallback_op_that_moves_the_ragged_dim():
+    """An op run sample by sample that moves the ragged dim (``transpose`` below the torch-function
+    level, as a custom Function's backward runs it on torch < 2.12): the result's ragged dim is
+    where the samples' extents now differ, one empty sample included."""
+    from padless.tensor import fallback
+
+    samples = [torch.randn(4, 3), torch.randn(4, 0), torch.randn(4, 2)]
+    x = padless.from_list(samples, ragged_dims=(1,))
+    out = fallback.per_sample(torch.ops.aten.transpose.int, (x, 1, 2), {})
+    assert out.ragged_dims == (0,)
+    padless.testing.assert_close_samples(out, [s.t() for s in samples])
+
+
 def test_fallback_warns_once_per_op():
     from padless.tensor import core
 
