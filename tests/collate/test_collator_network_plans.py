@@ -261,7 +261,7 @@ def test_empty_images_collate_and_keep_torchs_error(sizes):
     errors = []
     for field in (Field(ragged=(1, 2), spatial_plan=recipe), Field(ragged=(1, 2))):
         b = Collator({"img": field})(_samples(sizes))
-        with pytest.raises(RuntimeError, match=r"conv2d\(\): image 0 of shape \(3, 0, [05]\) is too small") as e:
+        with pytest.raises(RuntimeError, match=r"(conv2d|max_pool2d)\(\): image 0 of shape \(\d+, 0, \d+\) is too small") as e:
             net(b.img)
         errors.append(str(e.value))
     assert errors[0] == errors[1]

@@ -175,5 +175,5 @@ def test_conv2d_errors():
         F.conv2d(x, torch.randn(3, 3, 2))
     with pytest.raises(TypeError, match=r"conv2d\(\): weight and bias must be dense tensors"):
         F.conv2d(x, torch.randn(3, 3, 1, 1), x)
-    with pytest.raises(RuntimeError, match=r"conv2d\(\): image 1 of shape \(3, 2, 6\) is too small for this layer"):
+    with pytest.raises(RuntimeError, match=r"conv2d\(\): image 1 of shape \(3, 2, 6\) (is too small for this layer|gives an empty output)"):
         F.conv2d(x, torch.randn(3, 3, 3, 3), stride=3)

@@ -115,7 +115,7 @@ def test_empty_image_is_named_as_torch_refuses_it(monkeypatch, persist):
     torch's error naming the image, before any canvas is built."""
     monkeypatch.setattr(canvas, "CANVAS_PERSIST", persist)
     nt, _ = image_batch([(13, 9), (0, 7), (8, 15)], dtype=torch.float64)
-    with pytest.raises(RuntimeError, match=r"image 1 of shape \(3, 0, 7\)"):
+    with pytest.raises(RuntimeError, match=r"image 1 of shape \((3, 0, 7|\d+, 0, \d+)\)"):  # torch 2.11's conv passes it on, its max pool refuses
         _eval_net()(nt)
 
 
