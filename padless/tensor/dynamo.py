@@ -49,13 +49,34 @@ def register() -> None:
     try:
         from torch._dynamo import trace_rules
 
-        trace_rules.BUILTIN_INLINE_WHEN_CALLED.add(_DIR)
+        inline = getattr(trace_rules, "BUILTIN_INLINE_WHEN_CALLED", None)
+        if inline is not None:
+            inline.add(_DIR)
+        else:  # torch < 2.12 has no such table: the same rule, asked first where dynamo checks a file
+            _inline_when_called(trace_rules)
         if _DIR not in trace_rules.SKIP_DIRS:
             trace_rules.SKIP_DIRS.append(_DIR)
             trace_rules._recompile_re()
         _done = True
     except (ImportError, AttributeError):  # pragma: no cover - a torch without these tables
         _done = True
+
+
+def _inline_when_called(trace_rules) -> None:
+    """Wrap ``trace_rules.check_file`` (looked up by name when dynamo decides on a file): a file
+    of padless is inlined when traced code calls it, and otherwise falls to the skip rules (its
+    directory is in ``SKIP_DIRS``), which is what ``BUILTIN_INLINE_WHEN_CALLED`` says from 2.12."""
+    base = trace_rules.check_file
+    if getattr(base, "_padless", False):
+        return
+
+    def check_file(filename, is_inlined_call=False):
+        if is_inlined_call and filename is not None and filename.replace(os.sep, "/").startswith(_DIR):
+            return trace_rules.SkipResult(False, f"padless, called from traced code ({filename})")
+        return base(filename, is_inlined_call)
+
+    check_file._padless = True  # type: ignore[attr-defined]
+    trace_rules.check_file = check_file
 
 
 class _AfterDynamoLoads(importlib.abc.MetaPathFinder):
