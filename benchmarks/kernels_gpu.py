@@ -313,6 +313,11 @@ def _table(impls: dict[str, list[float]], mems: dict[str, float], base: str) -> 
         print(f"| {name} | {t * 1e3:,.2f} | {tb / t:.2f}x | {mems.get(name, float('nan')):,.0f} |")
 
 
+def _torch_before(major: int, minor: int) -> bool:
+    got = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+    return got < (major, minor)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches, no compiled runs")
@@ -329,6 +334,13 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"triton {'missing: ' + dispatch.triton_missing() if dispatch.triton_missing() else 'importable'}")
     compiled = not args.quick and not args.smoke
+    if compiled and _torch_before(2, 12):
+        # torch 2.11's AOT autograd reads a saved SymInt as a tensor while collecting donated
+        # buffers ("'SymInt' object has no attribute 'untyped_storage'"); off, the compiled rows run
+        import torch._functorch.config as functorch_config
+
+        functorch_config.donated_buffer = False
+        print(f"torch {torch.__version__}: torch._functorch.config.donated_buffer = False for the compiled rows")
     guarded("bandwidth", lambda: bandwidth(device, dtype, scale))
     guarded("syncs", lambda: sync_check(device, dtype, scale))
     guarded("pair block", lambda: pair_block(device, dtype, scale, batches, compiled))
