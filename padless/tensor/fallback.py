@@ -168,8 +168,9 @@ def _run(func, args: tuple, kwargs: dict, named_op, differentiable: bool) -> Any
 def _out_ragged(samples: list[Tensor], ref: NestedTensor) -> tuple[int, ...] | None:
     """The ragged dims of per-sample results: the input's when the results have its rank and
     differ only there (an op that keeps dims in place); the dims that differ when an op moved
-    them (``transpose`` run per sample: as many differ as the input had ragged dims); else
-    None (inferred by ``from_list``, which names a static dim that differs)."""
+    them (``transpose`` run per sample: as many differ as the input had ragged dims); None for
+    another rank (inferred by ``from_list``); else the input's, and ``from_list`` names the
+    static dim that differs."""
     if samples[0].dim() != ref.sample_dim:
         return None
     varying = tuple(d for d in range(samples[0].dim()) if any(s.shape[d] != samples[0].shape[d] for s in samples))
