@@ -76,7 +76,7 @@ def make_runs(model: nn.Module, imgs: list[torch.Tensor], labels: torch.Tensor, 
     wmax = max(i.shape[2] for i in imgs)
 
     def run_padless() -> None:
-        x = padless.from_list(imgs)
+        x = padless.from_list(imgs, ragged_dims=(1, 2))
         F.cross_entropy(model(x), labels).backward()
 
     def run_padded() -> None:
@@ -152,7 +152,7 @@ def forward_only(model: nn.Module, imgs: list[torch.Tensor], labels: torch.Tenso
         return F.cross_entropy(model(x), labels)
 
     return {
-        "padless": lambda: F.cross_entropy(model(padless.from_list(imgs)), labels),
+        "padless": lambda: F.cross_entropy(model(padless.from_list(imgs, ragged_dims=(1, 2))), labels),
         "padded": padded,
         "per-image": lambda: [F.cross_entropy(model(im[None]), labels[k : k + 1]) for k, im in enumerate(imgs)],
     }
@@ -197,7 +197,7 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
         import padless.vision
 
         ex = [torch.randn(3, h, w, device=dev) for h, w in random_image_sizes(random.Random(99), 4, LO, HI)]
-        recipe = padless.vision.plan_recipe(model, padless.from_list(ex))
+        recipe = padless.vision.plan_recipe(model, padless.from_list(ex, ragged_dims=(1, 2)))
         collators = {"padless collated": padless.Collator({"x": padless.Field(ragged=(1, 2), spatial_plan=recipe)}),
                      "padless collated (no recipe)": padless.Collator({"x": padless.Field(ragged=(1, 2))})}
     for r in range(args.rounds + 1):
@@ -273,7 +273,7 @@ def design_table(args: argparse.Namespace) -> None:
     for r in range(args.rounds):
         sizes = [(max(1, h // 4), max(1, w // 4)) for h, w in random_image_sizes(rng, BATCH, LO, HI)]
         imgs = [torch.randn(64, h, w, device=dev) for h, w in sizes]
-        x = padless.from_list(imgs)
+        x = padless.from_list(imgs, ragged_dims=(1, 2))
 
         def with_layout(lay: str) -> Callable[[], None]:
             def run() -> None:
@@ -335,8 +335,8 @@ def compile_table(args: argparse.Namespace) -> None:
     runs = {
         "padded eager": lambda imgs, y: step(model, padded(imgs), y),
         "padded compiled": lambda imgs, y: step(compiled["padded"], padded(imgs), y),
-        "padless eager": lambda imgs, y: step(model, padless.from_list(imgs), y),
-        "padless compiled": lambda imgs, y: step(compiled["padless"], prepare_for_compile(padless.from_list(imgs)), y),
+        "padless eager": lambda imgs, y: step(model, padless.from_list(imgs, ragged_dims=(1, 2)), y),
+        "padless compiled": lambda imgs, y: step(compiled["padless"], prepare_for_compile(padless.from_list(imgs, ragged_dims=(1, 2))), y),
     }
     rng = random.Random(0)
     first: dict[str, float] = {}

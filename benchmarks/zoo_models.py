@@ -296,10 +296,10 @@ def image_cases() -> list[Case]:
 # pairs -----------------------------------------------------------------------
 
 def _pair_args(samples):
-    s = padless.from_list([a for a, _ in samples])
-    z = padless.from_list([b for _, b in samples])
-    mask = padless.from_list([torch.ones(a.shape[0]) for a, _ in samples])
-    pair_mask = padless.from_list([torch.ones(b.shape[:2]) for _, b in samples])
+    s = padless.from_list([a for a, _ in samples], ragged_dims=(0,))
+    z = padless.from_list([b for _, b in samples], ragged_dims=(0, 1))  # ragged even if all N agree
+    mask = padless.from_list([torch.ones(a.shape[0]) for a, _ in samples], ragged_dims=(0,))
+    pair_mask = padless.from_list([torch.ones(b.shape[:2]) for _, b in samples], ragged_dims=(0, 1))
     return s, z, mask, pair_mask
 
 
