@@ -336,11 +336,16 @@ def main() -> None:
     compiled = not args.quick and not args.smoke
     if compiled and _torch_before(2, 12):
         # torch 2.11's AOT autograd reads a saved SymInt as a tensor while collecting donated
-        # buffers ("'SymInt' object has no attribute 'untyped_storage'"); off, the compiled rows run
+        # buffers ("'SymInt' object has no attribute 'untyped_storage'"), and its dynamo binds
+        # unbacked symbols only inside a tensor subclass's inner tensors, not in its outer shape
+        # (PendingUnbackedSymbolNotFound on a NestedTensor's ragged extents): both relaxed here
         import torch._functorch.config as functorch_config
+        import torch.fx.experimental._config as fx_config
 
         functorch_config.donated_buffer = False
-        print(f"torch {torch.__version__}: torch._functorch.config.donated_buffer = False for the compiled rows")
+        fx_config.soft_pending_unbacked_not_found_error = True
+        print(f"torch {torch.__version__}: donated_buffer off, soft_pending_unbacked_not_found_error on "
+              "for the compiled rows")
     guarded("bandwidth", lambda: bandwidth(device, dtype, scale))
     guarded("syncs", lambda: sync_check(device, dtype, scale))
     guarded("pair block", lambda: pair_block(device, dtype, scale, batches, compiled))
