@@ -313,11 +313,6 @@ def _table(impls: dict[str, list[float]], mems: dict[str, float], base: str) -> 
         print(f"| {name} | {t * 1e3:,.2f} | {tb / t:.2f}x | {mems.get(name, float('nan')):,.0f} |")
 
 
-def _torch_before(major: int, minor: int) -> bool:
-    got = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
-    return got < (major, minor)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="fewer batches, no compiled runs")
@@ -334,7 +329,7 @@ def main() -> None:
     print(f"device {torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "
           f"triton {'missing: ' + dispatch.triton_missing() if dispatch.triton_missing() else 'importable'}")
     compiled = not args.quick and not args.smoke
-    if compiled and _torch_before(2, 12):
+    if compiled and torch.__version__ < "2.12":  # TorchVersion compares as a version
         # torch 2.11's AOT autograd reads a saved SymInt as a tensor while collecting donated
         # buffers ("'SymInt' object has no attribute 'untyped_storage'"), and its dynamo binds
         # unbacked symbols only inside a tensor subclass's inner tensors, not in its outer shape
