@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import padless
-from padless.ops.pairs import attend, pending
+from padless.ops.pairs import attend, pending, spread
 from padless.testing import check_samples, leaves
 
 BATCHES = {"ragged": [3, 5, 0, 1, 6, 2], "one_sample": [4], "empty_and_one": [0, 1]}
@@ -256,12 +256,16 @@ def test_generic_and_fast_paths_agree():
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("key_bias,hide", [(False, False), (True, False), (True, True)],
-                         ids=["direct", "broadcast_term_direct", "softmax_input"])
-def test_fused_node_gradients_twice(key_bias, hide, modes, monkeypatch):
-    """Double backward through the fused node (both modes), float64. The softmax-input mode is
-    the fallback for a term whose history is unknown: forced here by hiding how the broadcast
-    key bias was read onto the scores."""
+@pytest.mark.parametrize("key_bias,spread_on,hide", [(False, True, False), (True, True, False), (True, False, False),
+                                                     (True, False, True)],
+                         ids=["direct", "broadcast_term_spread", "broadcast_term_read", "softmax_input"])
+def test_fused_node_gradients_twice(key_bias, spread_on, hide, modes, monkeypatch):
+    """Double backward through the fused node (both modes), float64. The broadcast key bias
+    is kept at its size in the buckets (``spread``), or, with that off, read onto the scores'
+    rows (and read again, recorded, by the node). The softmax-input mode is the fallback for
+    a term whose history is unknown: forced here by hiding how that read was made."""
+    if not spread_on:
+        monkeypatch.setattr(spread, "spreads", lambda x, y: False)
     if hide:
         real = pending._owner
         monkeypatch.setattr(pending, "_owner", lambda term: False if isinstance(real(term), tuple) else real(term))

@@ -130,6 +130,10 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
         zero = _zero_term(func, args, kwargs)
         if zero is not None:  # deferred scores + an all-zero mask term: a constant, no broadcast
             return run_on_rows(opname, func, zero, kwargs, inplace)
+        for hook in SHIFT_HOOKS:  # deferred scores + a term broadcast onto them, kept at its size
+            out = hook(func, args, kwargs, inplace)
+            if out is not None:
+                return args[0] if inplace else wrap_like(out, args[0])
     if len(nts) > 1 and _needs_broadcast(ref, nts, opname):
         from padless.ops.common import broadcast
 
@@ -197,6 +201,9 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
 
 
 _SHIFTS = {aten.add.Tensor, aten.sub.Tensor, aten.add_.Tensor, aten.sub_.Tensor}
+SHIFT_HOOKS: list = []
+"""``hook(func, args, kwargs, inplace)`` asked first by a shift of two NestedTensors: the result's
+values (``args[0]``'s structure), or None (:func:`padless.ops.pairs.pending.spread_shift`)."""
 
 
 def _zero_term(func, args, kwargs) -> tuple | None:

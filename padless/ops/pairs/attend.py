@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.kernels.layout import read_rows
+from padless.ops.pairs import spread
 from padless.ops.pairs.bucket_nodes import (
     _BATCH,
     _dense,
@@ -46,19 +47,23 @@ class Spec:
     """What one fused attention needs besides its tensors: the scores' plan ``p1``, the
     second contraction's plan ``p2`` on the same buckets, the weights' operand position
     ``j`` in it, the softmax dim (of a bucket's dense scores), the scale and the terms'
-    coefficients, and the fast per-bucket layout when it applies."""
+    coefficients, and the fast per-bucket layout when it applies. ``spreads``: per term, its
+    bucket maps when it is a broadcast term kept at its size (:mod:`padless.ops.pairs.spread`:
+    the term is then that NestedTensor's rows), else None."""
 
-    __slots__ = ("p1", "p2", "j", "dim", "alpha", "coefs", "fast")
+    __slots__ = ("p1", "p2", "j", "dim", "alpha", "coefs", "fast", "spreads")
 
-    def __init__(self, p1: _Plan, p2: _Plan, j: int, dim: int, alpha: float, coefs: tuple, fast) -> None:
+    def __init__(self, p1: _Plan, p2: _Plan, j: int, dim: int, alpha: float, coefs: tuple, fast,
+                 spreads: tuple = ()) -> None:
         self.p1, self.p2, self.j, self.dim, self.alpha, self.coefs, self.fast = p1, p2, j, dim, alpha, coefs, fast
+        self.spreads = spreads if any(m is not None for m in spreads) else (None,) * len(coefs)
 
 
-def spec(p1: _Plan, p2: _Plan, j: int, dim: int, alpha: float, coefs: tuple) -> Spec:
+def spec(p1: _Plan, p2: _Plan, j: int, dim: int, alpha: float, coefs: tuple, spreads: tuple = ()) -> Spec:
     key = ("fast", id(p2), j, dim)
     if key not in p1.cache:
         p1.cache[key] = (_Fast.build(p1, p2, j, dim), p2)
-    return Spec(p1, p2, j, dim, alpha, coefs, p1.cache[key][0])
+    return Spec(p1, p2, j, dim, alpha, coefs, p1.cache[key][0], spreads)
 
 
 def _pieces(plan: _Plan, buf: Tensor) -> list[Tensor]:
@@ -93,13 +98,23 @@ def _to_rows(plan: _Plan, parts: Sequence[Tensor], perm: bool = True) -> Tensor:
 
 
 def _neg_pad(plan: _Plan, dtype: torch.dtype, device) -> Tensor:
-    """The scores' bucket buffer of zeros with a large negative number at padded places."""
+    """The scores' bucket buffer of zeros with a large negative number at padded places (made
+    from every sample's extents, one fill per sample: no element maps)."""
     key = ("neg_pad", dtype, device)
     hit = plan.cache.get(key)
     if hit is None:
-        n = plan.out_rows * math.prod(plan.out_static)
-        z = torch.zeros(n if plan.flat[-1] else (plan.out_rows, *plan.out_static), dtype=dtype, device=device)
-        hit = plan.cache[key] = read_rows(z, plan.packs[0], torch.finfo(dtype).min)
+        per = 1 if plan.flat[-1] else math.prod(plan.out_static)
+        rows = sum(math.prod(shape) for shape in plan.out_shapes) // per
+        buf = torch.full((rows,) if plan.flat[-1] else (rows, *plan.out_static), torch.finfo(dtype).min,
+                         dtype=dtype, device=device)
+        meta = plan.structure[3]
+        hs = (meta.host_sizes if hasattr(meta, "host_sizes") else meta[0]).tolist()
+        env = plan.structure[2]
+        for piece, ids in zip(_pieces(plan, buf), plan.groups):
+            for q, s in enumerate(ids):
+                ext = [hs[s][d] if d in plan.out_ragged else int(env[d]) for d in range(len(hs[s]))]
+                piece[(q, *(slice(0, e) for e in ext))] = 0
+        hit = plan.cache[key] = buf
     return hit
 
 
@@ -111,17 +126,46 @@ def _terms_buffer(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Ten
     if x is not None:
         return read_rows(_flatten(x, p1.flat[-1]), p1.packs[0], neg)
     tsum = None
-    for coef, t in zip(sp.coefs, terms):
-        if t.dim() == 0:  # a constant: the softmax does not see it
+    for coef, t, m in zip(sp.coefs, terms, sp.spreads):
+        if t.dim() == 0 or m is not None:  # a constant: the softmax does not see it; spreads: below
             continue
         u = t * coef if coef != 1.0 else t
         tsum = u if tsum is None else tsum + u
     if tsum is None:
-        return _neg_pad(p1, like.dtype, like.device)
-    tsum = tsum.expand(p1.out_rows, *p1.out_static)
-    if tsum.shape[1:] != () and not tsum.is_contiguous():
-        tsum = tsum.contiguous()
-    return read_rows(_flatten(tsum, p1.flat[-1]), p1.packs[0], neg)
+        buf = _neg_pad(p1, like.dtype, like.device)
+    else:
+        tsum = tsum.expand(p1.out_rows, *p1.out_static)
+        if tsum.shape[1:] != () and not tsum.is_contiguous():
+            tsum = tsum.contiguous()
+        buf = read_rows(_flatten(tsum, p1.flat[-1]), p1.packs[0], neg)
+    return _add_spreads(sp, buf, terms, own=tsum is not None)
+
+
+def _add_spreads(sp: Spec, buf: Tensor, terms: Sequence[Tensor], own: bool) -> Tensor:
+    """``buf`` (the scores' buckets) plus every broadcast term, each read once into the buckets
+    at its own size and added by broadcasting (``own``: ``buf`` may be written in place)."""
+    adds: list[Tensor] | None = None
+    for coef, t, m in zip(sp.coefs, terms, sp.spreads):
+        if m is None:
+            continue
+        parts = spread.read(m, t if coef == 1.0 else t * coef)
+        adds = parts if adds is None else [a + p for a, p in zip(adds, parts)]
+    if adds is None:
+        return buf
+    if torch.is_grad_enabled():  # double backward: differentiable, out of place
+        return _bucket_buffer(sp.p1, [p + a for p, a in zip(_pieces(sp.p1, buf), adds)])
+    out = buf if own else torch.empty_like(buf)
+    for src, dst, a in zip(_pieces(sp.p1, buf), _pieces(sp.p1, out), adds):
+        torch.add(src, a, out=dst)
+    return out
+
+
+def _bucket_buffer(plan: _Plan, parts: Sequence[Tensor]) -> Tensor:
+    """Per-bucket dense results (sample order) as one buffer in the buckets' layout (the
+    inverse of :func:`_pieces`)."""
+    static = () if plan.flat[-1] else plan.out_static
+    parts = [p.permute(plan.out_perm).reshape(-1, *static) for p in parts]
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
 def _gather_in(plan: _Plan, j: int, v: Tensor) -> Tensor:
@@ -174,8 +218,8 @@ def _backward_generic(ctx, sp: Spec, a, b, v, x, terms, g, need):
                     grads[q].append(gq.permute(layout.inverse_order(perm)) if perm is not None else gq)
         da = gather_back(p1, 0, grads[0], a) if grads[0] else None
         db = gather_back(p1, 1, grads[1], b) if grads[1] else None
-    rows = _to_rows(p1, dx_parts) if need[4] or any(need[5:]) else None
-    return da, db, dv, rows
+    rows = _to_rows(p1, dx_parts) if _need_rows(sp, need) else None
+    return da, db, dv, rows, dx_parts
 
 
 # ---------------------------------------------------------------------------- fast path
@@ -285,11 +329,15 @@ def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
             formed, back = f.db[k]
             gb = torch.bmm(a3.transpose(1, 2), d3)
             db.append((gb.mul_(sp.alpha) if sp.alpha != 1.0 else gb).view(formed).permute(back))
-    rows = None
-    if need[4] or any(need[5:]):
-        rows = _to_rows(p1, [d.view(s) for d, s in zip(dx, f.dt)], perm=False)
+    dx = [d.view(s) for d, s in zip(dx, f.dt)]
+    rows = _to_rows(p1, dx, perm=False) if _need_rows(sp, need) else None
     return (gather_back(p1, 0, da, a) if da else None, gather_back(p1, 1, db, b) if db else None,
-            gather_back(p2, 1, dv, v) if dv else None, rows)
+            gather_back(p2, 1, dv, v) if dv else None, rows, dx)
+
+
+def _need_rows(sp: Spec, need: Sequence[bool]) -> bool:
+    """Whether the scores' gradient is needed as rows: for ``x`` or a term read on their rows."""
+    return need[4] or any(n and m is None for n, m in zip(need[5:], sp.spreads))
 
 
 # ---------------------------------------------------------------------------- the node
@@ -324,10 +372,16 @@ class Attention(torch.autograd.Function):
             got = iter(torch.autograd.grad(out, want, g, create_graph=True, allow_unused=True))
             return (None, *[next(got) if t is not None and n else None for t, n in zip(inputs, need[1:])])
         if sp.fast is not None:
-            da, db, dv, rows = _backward_fast(ctx, sp, a, b, v, terms, g, need)
+            da, db, dv, rows, dparts = _backward_fast(ctx, sp, a, b, v, terms, g, need)
         else:
-            da, db, dv, rows = _backward_generic(ctx, sp, a, b, v, x, terms, g, need)
+            da, db, dv, rows, dparts = _backward_generic(ctx, sp, a, b, v, x, terms, g, need)
         dx = rows.view(x.shape) if need[4] else None
-        dterms = [(rows * coef if coef != 1.0 else rows).sum_to_size(t.shape) if n else None
-                  for coef, t, n in zip(sp.coefs, terms, need[5:])]
+        dterms = []
+        for coef, t, n, m in zip(sp.coefs, terms, need[5:], sp.spreads):
+            d = None
+            if n and m is not None:  # a broadcast term at its size: summed in the buckets, read back
+                d = spread.grad(m, dparts, t)
+            elif n:
+                d = rows.sum_to_size(t.shape) if coef == 1.0 else (rows * coef).sum_to_size(t.shape)
+            dterms.append(d * coef if d is not None and m is not None and coef != 1.0 else d)
         return (None, da, db, dv, dx, *dterms)

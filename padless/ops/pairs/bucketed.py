@@ -168,12 +168,11 @@ SCORES_CALL_COST = 1_000_000.0
 come back as deferred rows (:mod:`padless.ops.pairs.pending`) and usually end in the fused
 attention node, whose bucket runs about three times a plain contraction's calls (the terms'
 gather, ``baddbmm``, softmax, ``bmm``, the gathers back; forward and backward). It sets how
-many buckets such a contraction gets; whether it is bucketed at all (against the per-sample
-loop, which runs the chain's other ops on the rows once) is priced as for any contraction.
-Measured on
-boltz's AttentionPairBias (B=8, N 16..64, one thread, CPU time): two buckets at 300k, one at
-1M, 8.5-11.5 against 8.0-9.3 ms per step; the whole Pairformer layer does not move (its
-triangle attention runs per sample either way)."""
+many buckets such a contraction gets, and on the CPU it is also the price of one sample of
+the per-sample loop (:data:`SAMPLE_CALL_COST` otherwise): per sample the scores run the
+same chain of calls (the terms, the softmax, the second contraction, their backward) a
+bucket does. Measured on boltz's AttentionPairBias (B=8, N 16..64, one thread, CPU time):
+two buckets at 300k, one at 1M, 8.5-11.5 against 8.0-9.3 ms per step."""
 SAMPLE_CALL_COST = 350_000.0
 """Fixed price of one sample in the per-sample loop (its dense call, slicing, packing and
 autograd nodes), in the same units (about 90 us)."""
@@ -185,22 +184,23 @@ BUCKET_FACTOR = 1.15
 """Padded work is dearer than the same work per sample: the buffers are gathered and the
 results re-laid out and gathered back (forward and backward)."""
 PENDING_FACTOR = 0.8
-"""The same factor for a contraction of pending weights (``softmax(scores) @ v`` whose scores
-were bucketed, :mod:`padless.ops.pairs.pending`): in buckets the chain runs as one fused node;
-per sample the weights would be computed first and re-laid out. (Pricing the scores' own
-contraction so too, to bucket triangle attention, measured slower on the benchmark's layer:
-its element maps cost more to build for each new batch than the relayouts they save, 354-360
-against 215-227 ms per step with a new batch each step, two threads.)"""
+"""The same factor for attention scores (they defer and end in one fused node,
+:mod:`padless.ops.pairs.pending`) and for a contraction of pending weights (``softmax(scores)
+@ v`` whose scores were bucketed): in buckets the chain runs as one node; per sample the
+weights are computed first and re-laid out. Triangle attention is bucketed so since its
+biases stay at their size in the buckets (:mod:`padless.ops.pairs.spread`) and the scores'
+element maps are built only when something reads the scores as rows (:class:`LazyMaps`):
+before that, each new batch built maps as long as the scores and the layer ran slower with
+buckets (354-360 against 215-227 ms per step, two threads)."""
 ELEMENT_MAP_COST = 64.0
-"""Price of one element of a bucketed result read through element maps (:func:`_element_maps`:
-scores ``(H, I, J)`` stored as rows ``(i, j)``) when its samples are large enough that the
-per-sample path runs the scores' elementwise terms on views (:func:`padless.ops.common.
-sample_views.pays`): the maps are built for each new batch and every term is gathered through
-them, forward and backward. Measured on the zoo's boltz layer (B=4, N 16..48, Cz 16, one
-thread, a new batch every step): triangle attention was bucketed in about 40% of batches,
-each time about 17 ns per score element slower than per sample (45.8 against 38.9 ms per
-step on average); smaller scores (pair-biased attention, ``N_i^2`` rows per sample) keep
-their buckets."""
+"""Price of one element of a bucketed operand read through element maps (:func:`_element_maps`:
+``(H, I, J)`` stored as rows ``(i, j)``) when its samples are large enough that the per-sample
+path would run on views (:func:`padless.ops.common.sample_views.pays`): the maps are built for
+each new batch and the operand is gathered through them, forward and backward. (The result's
+maps are not priced: they are built only when the result is read as rows, see :class:`LazyMaps`.)
+It was measured with the result priced too, on the zoo's boltz layer (B=4, N 16..48, Cz 16,
+one thread, a new batch every step): triangle attention, then bucketed in about 40% of
+batches, was each time about 17 ns per score element slower than per sample."""
 ELEMENT_COST = 4.0
 """Price of one element of an operand or the result (its copies), in the same units."""
 
@@ -242,8 +242,7 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
     pos = {c: i for i, c in enumerate(letters)}
     b = len(rows)
     price = 0.0
-    for s, ragged in [*((s, o._ragged) for s, o in zip(ins, operands)),
-                      (out, tuple(d for d, c in enumerate(out) if c in ragged_ext))]:
+    for s, ragged in ((s, o._ragged) for s, o in zip(ins, operands)):  # the result's maps are lazy
         if not ragged or not _element_maps(len(s), ragged):
             continue
         per_row = [pos[s[d]] for d in ragged]
@@ -273,10 +272,14 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     cost = _cost(ins, out, letters, static_ext)
     # how many buckets: scores (the result's last dim ragged) pay the fused node's price per bucket
     bucket_call = SCORES_CALL_COST if out and out[-1] in ragged_ext else CALL_COST
+    scores = bucket_call == SCORES_CALL_COST
     rows = table.tolist()
     call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
+    if scores:  # per sample, scores run the same chain of calls a bucket does
+        call = max(call, SCORES_CALL_COST)
     per_sample = sum(cost(r) for r in rows) + b * call
-    factor = PENDING_FACTOR if any(isinstance(o._values, pending.Pending) for o in operands) else BUCKET_FACTOR
+    # pending weights (softmax(scores) @ v), or scores (they defer, and end in the fused node)
+    factor = PENDING_FACTOR if scores or any(isinstance(o._values, pending.Pending) for o in operands) else BUCKET_FACTOR
     if forced is None and factor * (per_sample - b * call + CALL_COST) > per_sample:
         return None  # even one bucket without padding costs more: no need to choose buckets
     groups = size_buckets(table, cost=cost, overhead=bucket_call) if forced is None else [list(ids) for ids in forced]
@@ -323,10 +326,11 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     out_hs = torch.stack([ragged_ext[c] if c in ragged_ext else torch.full((b,), static_ext[c], dtype=torch.int64)
                           for c in out], 1) if out else torch.zeros(b, 0, dtype=torch.int64)
     out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, out_ragged))
-    gather, out_start, out_flat = index(out_hs, out_ho, out_ragged, out, int(out_ho[-1]),
-                                        {d: static_ext[c] for d, c in enumerate(out) if d not in out_ragged})
+    out_args = (out_hs, out_ho, out_ragged, out, int(out_ho[-1]), {d: static_ext[c] for d, c in enumerate(out) if d not in out_ragged})
+    _, out_start, out_flat = index(*out_args, need=False)
     flat.append(out_flat)
-    packs = padding_maps(gather, int(out_start[-1]), dev)
+    # the result's maps: built when first read (fused attention reads its scores in its buckets)
+    packs = LazyMaps(lambda: padding_maps(index(*out_args)[0], int(out_start[-1]), dev))
     out_static = tuple(static_ext[c] for d, c in enumerate(out) if d not in out_ragged)
     env_out = envelope_from_sizes(out_hs, out_ragged, out_static)
     on_cpu = dev.type == "cpu"
@@ -369,6 +373,22 @@ def _view(nt: NestedTensor, letters: str, nb: int, ext: dict[str, int], flat: bo
     shape = [nb, *[ext[letters[d]] if d in nt._ragged else int(nt._env[d]) for d in order]]
     inv = layout.inverse_order(order)
     return shape, ([0, *[1 + p for p in inv]] if inv != list(range(len(inv))) else None)
+
+
+class LazyMaps:
+    """A pair of maps built on first indexing (a plan's result maps: attention scores that
+    stay in the fused node's buckets are never read as rows, and their element maps, as long
+    as the scores, are then never built). Shared by every copy of the plan."""
+
+    __slots__ = ("_build", "_maps")
+
+    def __init__(self, build) -> None:
+        self._build, self._maps = build, None
+
+    def __getitem__(self, i: int):
+        if self._maps is None:
+            self._maps, self._build = self._build(), None
+        return self._maps[i]
 
 
 PLAN_CACHE_SIZE = 16

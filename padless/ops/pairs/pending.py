@@ -14,7 +14,9 @@ contraction's. Here they are not computed until something needs them:
 * elementwise ``*``/``/`` by a number and ``+``/``-`` of a tensor that broadcasts to the rows
   (a bias on the same rows, a key mask read onto them), out of place or in place
   (``s += bias``), extend the recipe (:meth:`Pending.__torch_dispatch__`; autograd records
-  these ops as usual, above it);
+  these ops as usual, above it); a NestedTensor term whose extent-1 dims broadcast over the
+  scores (a triangle bias ``(1, H, N_i, N_i)`` over the query rows) enters the recipe at its
+  own size, not read onto the scores' rows (:func:`spread_shift`, :mod:`padless.ops.pairs.spread`);
 * the bucketed softmax over the last ragged dim of such rows (:func:`softmax`) is pending too;
 * a contraction that sums that dim of the pending softmax (``attn @ v``,
   ``einsum("bhij,bjhd->bihd", attn, v)``; :func:`attention`) runs everything in the first
@@ -53,12 +55,12 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from padless.ops.common.engine import NESTED_OP
+from padless.ops.common.engine import NESTED_OP, SHIFT_HOOKS
 from padless.ops.common.structure import call
 from padless.ops.kernels import softmax as _softmax_kernels
 from padless.ops.kernels.layout import read_rows
 from padless.ops.kernels.segment import twin_reduce
-from padless.ops.pairs import attend
+from padless.ops.pairs import attend, spread
 from padless.ops.pairs.bucket_nodes import (
     _buckets,
     _flatten,
@@ -111,7 +113,7 @@ class _Thunk:
                 if self.alpha != 1.0:
                     out.mul_(self.alpha)
                 for coef, t, _ in self.terms:
-                    out.add_(t.detach(), alpha=coef)
+                    out.add_(t.rows() if isinstance(t, spread.Spread) else t.detach(), alpha=coef)
             else:
                 out = _softmax_kernels.twin_softmax(self.src.compute(), self.groups, False)
         self.value, self.value_version = out, out._version
@@ -302,7 +304,7 @@ def _broadcasts(shape, to) -> bool:
     return all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(to)))
 
 
-def _with_term(th: _Thunk, term: Tensor, coef: float, own: bool = False) -> Pending:
+def _with_term(th: _Thunk, term: Any, coef: float, own: bool = False) -> Pending:
     owner = None if own else _owner(term)
     t = _derive(th, "affine")
     t.plan, t.a, t.b, t.alpha = th.plan, th.a, th.b, th.alpha
@@ -341,7 +343,9 @@ def _live_terms(th: _Thunk) -> list[Tensor]:
     operand's rows are read onto the scores' rows again, recorded (its gradient sums back)."""
     out = []
     for _, term, owner in th.terms:
-        if owner is None:
+        if isinstance(term, spread.Spread):  # its own rows, with their history (the node reads them)
+            out.append(values_of(term.src))
+        elif owner is None:
             out.append(term)
         elif isinstance(owner, tuple):
             n, rows, sq, version = owner
@@ -493,10 +497,13 @@ def attention(ins: Sequence[str], out: str, operands: Sequence[Any], vals: Seque
                 continue
             hit = p1.cache[key] = (p2, operands[1 - j]._meta)
         s.check()
-        sp = attend.spec(p1, hit[0], j, 1 + o._ragged[-1], s.alpha, tuple(coef for coef, _, _ in s.terms))
+        coefs = tuple(coef for coef, _, _ in s.terms)
         if s.grad_ok:
+            spreads = tuple(spread.maps(p1, term.src) if isinstance(term, spread.Spread) else None for _, term, _ in s.terms)
+            sp = attend.spec(p1, hit[0], j, 1 + o._ragged[-1], s.alpha, coefs, spreads)
             return _apply(attend.Attention, sp, s.a, s.b, vals[1 - j], None, *_live_terms(s)), hit[0]
-        terms = [term.detach() for _, term, _ in s.terms]
+        sp = attend.spec(p1, hit[0], j, 1 + o._ragged[-1], s.alpha, coefs)
+        terms = [term.rows() if isinstance(term, spread.Spread) else term.detach() for _, term, _ in s.terms]
         return _apply(attend.Attention, sp, s.a.detach(), s.b.detach(), vals[1 - j], t.x, *terms), hit[0]
     return None
 
@@ -510,6 +517,37 @@ def _same_rows(o: Any, plan: _Plan) -> bool:
 
 
 _softmax_kernels.DEFER.append(softmax)  # the bucketed softmax asks here first
+
+
+def spread_shift(func, args, kwargs, inplace: bool):
+    """``scores + y`` (or ``scores += y``, ``-``) on NestedTensors when the scores' rows are
+    pending and ``y`` broadcasts onto them (:mod:`padless.ops.pairs.spread`): the recipe takes
+    ``y`` itself, not ``y`` read onto the scores' rows. The result's values (pending, the
+    scores' structure), ``args[0]`` when in place; None when this does not apply."""
+    if len(args) != 2 or set(kwargs) - {"alpha"}:
+        return None
+    x, y = args
+    th = _affine(getattr(x, "_values", None))
+    if th is None or th.plan is None or not spread.spreads(x, y):
+        return None
+    if x._ragged != th.plan.out_ragged or x.sample_dim != len(th.plan.equation.split("->")[1]) - 1:
+        return None
+    alpha = _number(kwargs.get("alpha", 1.0))
+    if alpha is None:
+        return None
+    coef = alpha * (-1.0 if func in (aten.sub.Tensor, aten.sub_.Tensor) else 1.0)
+    term = spread.Spread(y, x)
+    if not inplace:
+        return _with_term(th, term, coef, own=True)
+    th.materialize_dependents()
+    th.value = th.value_version = None
+    t = _with_term(th, term, coef, own=True)._thunk
+    th.dependents = [ref for ref in th.dependents if ref() is not t]
+    th.terms, th.versions, th.grad_ok = t.terms, t.versions, t.grad_ok
+    return x._values
+
+
+SHIFT_HOOKS.append(spread_shift)  # the engine asks before reading a broadcast term onto the scores' rows
 
 
 @implements(torch.baddbmm, torch.Tensor.baddbmm, accepts="packed operands (dense input broadcast as for +)")
