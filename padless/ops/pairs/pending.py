@@ -536,7 +536,7 @@ def spread_shift(func, args, kwargs, inplace: bool):
     if alpha is None:
         return None
     coef = alpha * (-1.0 if func in (aten.sub.Tensor, aten.sub_.Tensor) else 1.0)
-    term = spread.Spread(y, x)
+    term = spread.Spread(y, th.plan)
     if not inplace:
         return _with_term(th, term, coef, own=True)
     th.materialize_dependents()

@@ -30,13 +30,14 @@ from padless.tensor.core import NestedTensor, _is_traced
 
 
 class Spread:
-    """A NestedTensor ``src`` broadcast onto the pending scores ``scores`` (same batch and
-    rank; every dim of ``src`` has the scores' extents or a static extent of 1)."""
+    """A NestedTensor ``src`` broadcast onto the pending scores of ``plan`` (the scores' plan:
+    same batch and rank; every dim of ``src`` has the scores' extents or a static extent of
+    1). Holds the plan, not the scores, whose values hold the recipe that holds this."""
 
-    __slots__ = ("src", "scores")
+    __slots__ = ("src", "plan")
 
-    def __init__(self, src: NestedTensor, scores: NestedTensor) -> None:
-        self.src, self.scores = src, scores
+    def __init__(self, src: NestedTensor, plan: _Plan) -> None:
+        self.src, self.plan = src, plan
 
     @property
     def _version(self) -> int:
@@ -44,8 +45,12 @@ class Spread:
 
     def rows(self) -> Tensor:
         """The term read onto the scores' rows (no autograd history)."""
-        p = broadcast.plan("add", [self.scores, self.src])
-        return broadcast.align(self.src._values.detach(), p.rows[1], p.squeeze[1])
+        p = self.plan
+        offsets, sizes, env, meta = p.structure
+        v = self.src._values
+        scores = NestedTensor(v.new_zeros(()).expand(p.out_rows, *p.out_static), offsets, sizes, p.out_ragged, env, meta)
+        b = broadcast.plan("add", [scores, self.src])
+        return broadcast.align(v.detach(), b.rows[1], b.squeeze[1])
 
 
 def spreads(x: NestedTensor, y: NestedTensor) -> bool:
