@@ -184,3 +184,31 @@ def test_spread_off_gives_the_same_values_and_gradients(monkeypatch):
         results.append([out.values().detach()] + [t[0].grad.values() for t in (q, k, v, z)])
     for a, b in zip(*results):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("masked", [0.0, 0.3], ids=["all_ones", "some_masked"])
+def test_dense_key_mask_in_padded_coordinates(masked, runs):
+    """The padded batch's pair mask given to padless (``mask[..., :, None, None, :]``, dense, in
+    padded coordinates): its samples' windows are the term, kept at their size; a mask of ones
+    on every real position is a constant (nothing is read into the buckets)."""
+    ns = BATCHES["ragged"]
+    (q, k, v), z = _inputs(ns, 90)
+    n = max(ns)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.zeros(len(ns), n, n, dtype=F64)
+    for i, m in enumerate(ns):
+        mask[i, :m, :m] = (torch.rand(m, m, generator=g) >= masked).to(F64)
+    bias = 1e4 * (mask[..., :, None, None, :] - 1)  # (B, I, 1, 1, K), 0 or -1e4 on real positions
+    windows = iter([bias[i, :m, :, :, :m] for i, m in enumerate(ns)])
+
+    def fn(a, b, c, t):
+        s = a @ b.transpose(-1, -2)
+        s += bias
+        s += t
+        return s.softmax(-1) @ c
+
+    def ref(a, b, c, t):
+        return _dense_attention(a, b, c, next(windows), t)
+
+    check_samples(fn, ref, [q, k, v, z])
+    assert runs == [1 + (masked > 0)]

@@ -126,8 +126,8 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
     aligned: dict[int, Tensor] = {}
     gathers: dict[int, tuple] = {}
     nts = _nested_operands(args, kwargs)
-    if len(nts) == 2 and func in _SHIFTS:
-        zero = _zero_term(func, args, kwargs)
+    if func in _SHIFTS and len(args) == 2 and isinstance(args[0], NestedTensor):
+        zero = _zero_term(func, args, kwargs) if len(nts) == 2 else None
         if zero is not None:  # deferred scores + an all-zero mask term: a constant, no broadcast
             return run_on_rows(opname, func, zero, kwargs, inplace)
         for hook in SHIFT_HOOKS:  # deferred scores + a term broadcast onto them, kept at its size

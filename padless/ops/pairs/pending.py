@@ -68,7 +68,7 @@ from padless.ops.pairs.bucket_nodes import (
     _Plan,
     contract_backward,
 )
-from padless.tensor.core import _apply, values_of
+from padless.tensor.core import NestedTensor, _apply, values_of
 from padless.tensor.registry import implements
 
 aten = torch.ops.aten
@@ -528,7 +528,7 @@ def spread_shift(func, args, kwargs, inplace: bool):
         return None
     x, y = args
     th = _affine(getattr(x, "_values", None))
-    if th is None or th.plan is None or not spread.spreads(x, y):
+    if th is None or th.plan is None or not isinstance(x, NestedTensor):
         return None
     if x._ragged != th.plan.out_ragged or x.sample_dim != len(th.plan.equation.split("->")[1]) - 1:
         return None
@@ -536,7 +536,23 @@ def spread_shift(func, args, kwargs, inplace: bool):
     if alpha is None:
         return None
     coef = alpha * (-1.0 if func in (aten.sub.Tensor, aten.sub_.Tensor) else 1.0)
-    term = spread.Spread(y, th.plan)
+    if not isinstance(y, NestedTensor):  # a dense term in padded coordinates: its windows
+        y = spread.dense(x, y)
+        if y is None:
+            return None
+        v = y._values
+        if v.device.type == "cpu" and not bool(v.any()):  # zero on every real position (a mask of ones)
+            neg = torch.signbit(v)  # x + 0 is x exactly, with the zeros' sign (as engine._zero_term)
+            if bool(neg.all()) or not bool(neg.any()):
+                term = torch.tensor(-0.0 if v.numel() and bool(neg.all()) else 0.0, dtype=th.dtype)
+                return _add_term(x, th, term, coef, inplace)
+    if not spread.spreads(x, y):
+        return None
+    return _add_term(x, th, spread.Spread(y, th.plan), coef, inplace)
+
+
+def _add_term(x, th: _Thunk, term: Any, coef: float, inplace: bool):
+    """The recipe ``th`` plus ``coef * term``: new pending rows, or ``x``'s rows changed in place."""
     if not inplace:
         return _with_term(th, term, coef, own=True)
     th.materialize_dependents()

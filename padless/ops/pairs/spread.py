@@ -23,10 +23,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from padless.ops.common import broadcast, content
+from padless.ops.common import broadcast, content, padded
 from padless.ops.kernels.layout import RowMap, padding_maps, read_rows
 from padless.ops.pairs.bucket_nodes import _Plan
-from padless.tensor.core import NestedTensor, _is_traced
+from padless.tensor import layout
+from padless.tensor.core import NestedTensor, StructureMeta, _is_traced
 
 
 class Spread:
@@ -78,6 +79,45 @@ def spreads(x: NestedTensor, y: NestedTensor) -> bool:
                 return False
             spread = True
     return spread
+
+
+def dense(x: NestedTensor, y: Tensor) -> NestedTensor | None:
+    """A dense term ``y`` read in padded coordinates (a key mask ``(B, I, 1, 1, K)`` built from
+    the padded batch's mask) as a NestedTensor of its own shape when it broadcasts onto the
+    scores ``x``: every sample's window of it (:func:`padless.ops.common.padded.dense_samples`),
+    not read onto the scores' rows. None when it is not such a term (the op's rule then reads
+    it). A dense term that needs a gradient reaches the op as a NestedTensor already."""
+    if isinstance(y, NestedTensor) or not isinstance(y, Tensor) or y.requires_grad or y.dim() != x.dim():
+        return None
+    if y.dtype != x.dtype or y.device != x.device or x._meta.host_sizes is None or _is_traced(y):
+        return None
+    env = [int(e) for e in x._env]
+    b = x.batch_size
+    if y.shape[0] not in (1, b):
+        return None
+    spread = False
+    for d in range(x.sample_dim):
+        e = y.shape[1 + d]
+        if e == 1:
+            spread = spread or env[d] != 1 or d in x._ragged
+        elif e != env[d]:
+            return None
+    ragged = tuple(d for d in sorted(x._ragged) if y.shape[1 + d] != 1)
+    if not spread or not ragged:
+        return None
+    hs = x._meta.host_sizes.tolist()
+    views = padded.dense_samples("add", "term", y, hs, env, x._ragged, x)
+    order = layout.storage_order(x.sample_dim, ragged)
+    static = [y.shape[1 + d] for d in order[len(ragged):]]
+    rows = [v.permute(order).reshape(-1, *static) for v in views]
+    sizes = torch.tensor([[h[d] if d in ragged else y.shape[1 + d] for d in range(x.sample_dim)] for h in hs],
+                         dtype=torch.int64).reshape(b, x.sample_dim)
+    offsets = layout.offsets_from_counts(layout.row_counts(sizes, ragged))
+    env_y = [env[d] if d in ragged else y.shape[1 + d] for d in range(x.sample_dim)]
+    dev = y.device
+    on = (lambda t: t) if dev.type == "cpu" else (lambda t: t.to(dev, non_blocking=True))  # noqa: E731
+    values = torch.cat(rows) if rows else y.new_zeros((0, *static))
+    return NestedTensor(values, on(offsets), on(sizes), ragged, env_y, StructureMeta(sizes, offsets))
 
 
 class Maps(NamedTuple):
