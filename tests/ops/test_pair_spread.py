@@ -212,3 +212,21 @@ def test_dense_key_mask_in_padded_coordinates(masked, runs):
 
     check_samples(fn, ref, [q, k, v, z])
     assert runs == [1 + (masked > 0)]
+
+
+def test_spread_term_stored_transposed(runs):
+    """A bias whose pair dims are stored in the other order (``w.transpose(-1, -2)``, rows
+    ``(k, j)``) and a bias over the key rows (``(I, H, 1, K)``, extent 1 on the query dim)."""
+    ns = BATCHES["ragged"]
+    (q, k, v), z = _inputs(ns, 100)
+    kb = leaves([(n, H, 1, n) for n in ns], seed=105, ragged=(0, 3), dtype=F64)
+
+    def fn(a, b, c, t, u):
+        s = a @ b.transpose(-1, -2) + t.transpose(-1, -2)
+        return (s + u).softmax(-1) @ c
+
+    def ref(a, b, c, t, u):
+        return _dense_attention(a, b, c, t.transpose(-1, -2), u)
+
+    check_samples(fn, ref, [q, k, v, z, kb])
+    assert runs == [2]
