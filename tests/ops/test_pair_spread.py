@@ -230,3 +230,16 @@ def test_spread_term_stored_transposed(runs):
 
     check_samples(fn, ref, [q, k, v, z, kb])
     assert runs == [2]
+
+
+def test_triangle_scores_of_a_small_batch_run_in_buckets():
+    """Triangle-attention scores of the zoo's size (B=4, N 18..40, two heads of 8) are bucketed
+    and deferred: their element maps are not priced (built only if read as rows) and, per
+    sample, scores cost the fused node's chain of calls (``SCORES_CALL_COST``)."""
+    from padless.ops.pairs import pending
+
+    ns = [40, 33, 27, 18]
+    q = leaves([(n, 2, n, 8) for n in ns], seed=1, ragged=(0, 2))[0]
+    k = leaves([(n, 2, n, 8) for n in ns], seed=2, ragged=(0, 2))[0]
+    s = q @ k.transpose(-1, -2)
+    assert isinstance(s._values, pending.Pending)
