@@ -202,8 +202,9 @@ def run_on_rows(opname, func, args, kwargs, inplace: bool):
 
 _SHIFTS = {aten.add.Tensor, aten.sub.Tensor, aten.add_.Tensor, aten.sub_.Tensor}
 SHIFT_HOOKS: list = []
-"""``hook(func, args, kwargs, inplace)`` asked first by a shift of two NestedTensors: the result's
-values (``args[0]``'s structure), or None (:func:`padless.ops.pairs.pending.spread_shift`)."""
+"""``hook(func, args, kwargs, inplace)`` asked first by a shift whose first operand is a NestedTensor
+(the second a NestedTensor or a dense tensor): the result's values (``args[0]``'s structure), or
+None (:func:`padless.ops.pairs.pending.spread_shift`)."""
 
 
 def _zero_term(func, args, kwargs) -> tuple | None:

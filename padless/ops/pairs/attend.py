@@ -378,10 +378,12 @@ class Attention(torch.autograd.Function):
         dx = rows.view(x.shape) if need[4] else None
         dterms = []
         for coef, t, n, m in zip(sp.coefs, terms, need[5:], sp.spreads):
-            d = None
-            if n and m is not None:  # a broadcast term at its size: summed in the buckets, read back
+            if not n:
+                d = None
+            elif m is not None:  # a broadcast term at its size: summed in the buckets, read back
                 d = spread.grad(m, dparts, t)
-            elif n:
-                d = rows.sum_to_size(t.shape) if coef == 1.0 else (rows * coef).sum_to_size(t.shape)
-            dterms.append(d * coef if d is not None and m is not None and coef != 1.0 else d)
+                d = d * coef if coef != 1.0 else d
+            else:
+                d = (rows * coef if coef != 1.0 else rows).sum_to_size(t.shape)
+            dterms.append(d)
         return (None, da, db, dv, dx, *dterms)

@@ -212,10 +212,14 @@ def _in_place(func, args, kwargs) -> bool:
     new = _extend(_IN_PLACE[func], (Pending(th), *args[1:]), kwargs)
     if new is None:
         return False
-    t = new._thunk
+    _take_recipe(th, new._thunk)
+    return True
+
+
+def _take_recipe(th: _Thunk, t: _Thunk) -> None:
+    """``th`` (changed in place) becomes the recipe ``t`` derived from it."""
     th.dependents = [ref for ref in th.dependents if ref() is not t]
     th.plan, th.a, th.b, th.alpha, th.terms, th.versions, th.grad_ok = t.plan, t.a, t.b, t.alpha, t.terms, t.versions, t.grad_ok
-    return True
 
 
 def _effects(func) -> tuple[bool, bool]:
@@ -555,11 +559,9 @@ def _add_term(x, th: _Thunk, term: Any, coef: float, inplace: bool):
     """The recipe ``th`` plus ``coef * term``: new pending rows, or ``x``'s rows changed in place."""
     if not inplace:
         return _with_term(th, term, coef, own=True)
-    th.materialize_dependents()
+    th.materialize_dependents()  # as _in_place: recipes built on the old one are computed first
     th.value = th.value_version = None
-    t = _with_term(th, term, coef, own=True)._thunk
-    th.dependents = [ref for ref in th.dependents if ref() is not t]
-    th.terms, th.versions, th.grad_ok = t.terms, t.versions, t.grad_ok
+    _take_recipe(th, _with_term(th, term, coef, own=True)._thunk)
     return x._values
 
 
