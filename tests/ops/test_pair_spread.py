@@ -243,3 +243,22 @@ def test_triangle_scores_of_a_small_batch_run_in_buckets():
     k = leaves([(n, 2, n, 8) for n in ns], seed=2, ragged=(0, 2))[0]
     s = q @ k.transpose(-1, -2)
     assert isinstance(s._values, pending.Pending)
+
+
+def test_spread_term_with_a_term_of_the_scores_shape(runs):
+    """A term of the scores' own shape (read on their rows, through their maps) and a spread
+    one in the same recipe: both reach the buckets, both get their gradients."""
+    ns = BATCHES["ragged"]
+    (q, k, v), z = _inputs(ns, 110)
+    full = leaves([(n, H, n, n) for n in ns], seed=115, ragged=(0, 2, 3), dtype=F64)
+
+    def fn(a, b, c, t, u):
+        s = a @ b.transpose(-1, -2) * 0.5 + u
+        s += t
+        return s.softmax(-1) @ c
+
+    def ref(a, b, c, t, u):
+        return _dense_attention(a * 0.5, b, c, u, t)
+
+    check_samples(fn, ref, [q, k, v, z, full])
+    assert runs == [1]
