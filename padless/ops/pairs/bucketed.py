@@ -290,12 +290,16 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     if forced is None and factor * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
-    bucket_of = torch.zeros(b, dtype=torch.int64)
-    slot_of = torch.zeros(b, dtype=torch.int64)
+    # per sample its bucket and slot, per bucket its padded extents: plain Python on the host
+    # lists (a torch op per bucket and letter cost more than the values)
+    where = [(0, 0)] * b
     for k, ids in enumerate(groups):
-        bucket_of[ids] = k
-        slot_of[ids] = torch.arange(len(ids))
-    env = {c: torch.stack([table[ids, j].max() if ids else torch.tensor(0) for ids in groups]) for j, c in enumerate(letters)}
+        for q, i in enumerate(ids):
+            where[i] = (k, q)
+    bucket_of = torch.tensor([w[0] for w in where], dtype=torch.int64)
+    slot_of = torch.tensor([w[1] for w in where], dtype=torch.int64)
+    env = {c: torch.tensor([max((rows[i][j] for i in ids), default=0) for ids in groups], dtype=torch.int64)
+           for j, c in enumerate(letters)}
     counts = torch.tensor([len(ids) for ids in groups], dtype=torch.int64)
     dev = operands[0]._values.device
 
