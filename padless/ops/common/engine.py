@@ -228,12 +228,21 @@ def _zero_term(func, args, kwargs) -> tuple | None:
     hx, hy = x._meta.host_sizes, y._meta.host_sizes
     if hx is None or hy is None or hx.shape != hy.shape or not bool(((hy == 1) | (hy == hx)).all()):
         return None
-    if torch.compiler.is_compiling() or bool(v.any()):
+    if torch.compiler.is_compiling():
+        return None
+    c = zero_constant(v)
+    return None if c is None else (x, c)
+
+
+def zero_constant(v: Tensor) -> float | None:
+    """The signed zero ``v`` adds when it is zero everywhere with one sign (``x + v`` is then
+    ``x + c`` exactly), else None. Reads ``v``: callers keep it to host tensors."""
+    if bool(v.any()):
         return None
     neg = torch.signbit(v)
-    if bool(neg.all()):
-        return x, -0.0
-    return (x, 0.0) if not bool(neg.any()) else None
+    if v.numel() and bool(neg.all()):
+        return -0.0
+    return 0.0 if not bool(neg.any()) else None
 
 
 def _nested_operands(args, kwargs) -> list[NestedTensor]:

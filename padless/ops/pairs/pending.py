@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from padless.ops.common.engine import NESTED_OP, SHIFT_HOOKS
+from padless.ops.common.engine import NESTED_OP, SHIFT_HOOKS, zero_constant
 from padless.ops.common.structure import call
 from padless.ops.kernels import softmax as _softmax_kernels
 from padless.ops.kernels.layout import read_rows
@@ -544,12 +544,9 @@ def spread_shift(func, args, kwargs, inplace: bool):
         y = spread.dense(x, y)
         if y is None:
             return None
-        v = y._values
-        if v.device.type == "cpu" and not bool(v.any()):  # zero on every real position (a mask of ones)
-            neg = torch.signbit(v)  # x + 0 is x exactly, with the zeros' sign (as engine._zero_term)
-            if bool(neg.all()) or not bool(neg.any()):
-                term = torch.tensor(-0.0 if v.numel() and bool(neg.all()) else 0.0, dtype=th.dtype)
-                return _add_term(x, th, term, coef, inplace)
+        c = zero_constant(y._values) if y._values.device.type == "cpu" else None
+        if c is not None:  # zero on every real position (a mask of ones): a constant
+            return _add_term(x, th, torch.tensor(c, dtype=th.dtype), coef, inplace)
     if not spread.spreads(x, y):
         return None
     return _add_term(x, th, spread.Spread(y, th.plan), coef, inplace)
