@@ -52,14 +52,22 @@ def test_bias_from_permuted_pair_state():
 
 
 @pytest.mark.parametrize("ns", [NS, ONE], ids=["ragged", "one_sample"])
-def test_row_attention_matmuls(ns):
-    """Triangle-attention layout: ``(N, H, N, C) @ (N, H, C, N)``, softmax, ``@ (N, H, N, C)``."""
-    q = leaves([(n, 2, n, 3) for n in ns], seed=8, ragged=(0, 2))
-    k = leaves([(n, 2, 3, n) for n in ns], seed=9, ragged=(0, 3))
-    v = leaves([(n, 2, n, 3) for n in ns], seed=10, ragged=(0, 2))
-    check_samples(lambda a, b, c: torch.matmul(torch.matmul(a, b).softmax(-1), c),
-                  lambda a, b, c: torch.matmul(torch.matmul(a, b).softmax(-1), c), [q, k, v])
-    assert _plans(q[0])
+@pytest.mark.parametrize("h,c", [(2, 3), (4, 4)], ids=["narrow_rows", "wide_rows"])
+def test_row_attention_matmuls(ns, h, c):
+    """Triangle-attention layout: ``(N, H, N, C) @ (N, H, C, N)``, softmax, ``@ (N, H, N, C)``.
+    The transposed key is stored as rows ``(i, k)`` of ``H * C`` features: read element by
+    element when they are few, by rows (a permuted view in the bucket) from
+    :data:`~padless.ops.pairs.bucketed.ROW_MAP_WIDTH` features on."""
+    from padless.ops.pairs.bucketed import ROW_MAP_WIDTH
+
+    q = leaves([(n, h, n, c) for n in ns], seed=8, ragged=(0, 2))
+    k = leaves([(n, h, c, n) for n in ns], seed=9, ragged=(0, 3))
+    v = leaves([(n, h, n, c) for n in ns], seed=10, ragged=(0, 2))
+    check_samples(lambda a, b, x: torch.matmul(torch.matmul(a, b).softmax(-1), x),
+                  lambda a, b, x: torch.matmul(torch.matmul(a, b).softmax(-1), x), [q, k, v])
+    plans = _plans(q[0])
+    assert plans
+    assert plans[0].flat[:2] == [False, h * c < ROW_MAP_WIDTH]  # q by rows; k^T by elements or rows
 
 
 @pytest.mark.parametrize("eq", ["bikc,bjkc->bijc", "bkic,bkjc->bijc"])

@@ -148,13 +148,26 @@ def _elements_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: st
     return (base[:, None] + off.index_select(0, bk)).reshape(-1), acc
 
 
-def _element_maps(ndim: int, ragged: Sequence[int]) -> bool:
-    """Whether an operand's buffer is read through element maps: its rows ``(ragged...,
+def _element_maps(ndim: int, ragged: Sequence[int], width: int = 1) -> bool:
+    """Whether a buffer is read through element maps: its rows ``(ragged...,
     static...)`` are not in sample dim order and its last dim is ragged, so the transposing
     copy a row map would need moves single elements (scores ``(H, I, J)`` stored as rows
     ``(i, j)`` of ``H`` features). When the last dim is static (``(I, H, J, C)``), whole
-    ``C``-blocks move: row maps (an index per row, not per element) and a permuted view."""
-    return tuple(layout.storage_order(ndim, ragged)) != tuple(range(ndim)) and (ndim - 1) in ragged
+    ``C``-blocks move: row maps (an index per row, not per element) and a permuted view.
+    ``width``: the features of one row; an operand whose rows are :data:`ROW_MAP_WIDTH` or
+    wider is read by rows even with its last dim ragged (see there)."""
+    return (tuple(layout.storage_order(ndim, ragged)) != tuple(range(ndim)) and (ndim - 1) in ragged
+            and width < ROW_MAP_WIDTH)
+
+
+ROW_MAP_WIDTH = 16
+"""Row width (features) from which an operand whose last dim is ragged is still read through row
+maps: a transposed key ``k.transpose(-1, -2)`` of ``(I, H, K, D)`` rows ``(i, k)`` of ``H * D``
+features, as AlphaFold-style triangle attention writes ``q @ k^T``. Element maps for it are
+``H * D`` times longer than row maps (built for every new batch, and read element by element
+in both directions); by rows, the bucket's dense operand is a permuted view of whole rows,
+made contiguous by one copy where the ``bmm`` needs it. Scores and biases (rows of a few heads)
+keep element maps."""
 
 
 CALL_COST = 300_000.0
@@ -243,13 +256,13 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
     b = len(rows)
     price = 0.0
     for s, ragged in ((s, o._ragged) for s, o in zip(ins, operands)):  # the result's maps are lazy
-        if not ragged or not _element_maps(len(s), ragged):
+        width = math.prod(static_ext[c] for c in s if c not in pos)
+        if not ragged or not _element_maps(len(s), ragged, width):
             continue
         per_row = [pos[s[d]] for d in ragged]
         total = sum(math.prod(r[i] for i in per_row) for r in rows)
         if not sample_views.pays(b, total, operands[0]._values.device):
             continue
-        width = math.prod(static_ext[c] for c in s if c not in pos)
         price += ELEMENT_MAP_COST * width * sum(
             len(ids) * math.prod(max(rows[i][j] for i in ids) for j in per_row) for ids in groups)
     return price
@@ -303,8 +316,8 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     counts = torch.tensor([len(ids) for ids in groups], dtype=torch.int64)
     dev = operands[0]._values.device
 
-    def index(hs, ho, ragged, s, total, static, need: bool = True):
-        if _element_maps(len(s), ragged):  # buffer in sample dim order: maps over elements
+    def index(hs, ho, ragged, s, total, static, need: bool = True, width: int = 1):
+        if _element_maps(len(s), ragged, width):  # buffer in sample dim order: maps over elements
             per_slot = torch.ones(nbk, dtype=torch.int64)
             for d in range(len(s)):
                 per_slot = per_slot * (env[s[d]] if d in ragged else static[d])
@@ -322,7 +335,8 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     for j, (s, o) in enumerate(zip(ins, operands)):
         static = {d: int(o._env[d]) for d in range(len(s)) if d not in o._ragged}
         need = j != unread
-        idx, start, fl = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0], static, need)
+        idx, start, fl = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0], static, need,
+                               math.prod(static.values()))
         pads.append(padding_maps(idx, int(start[-1]), dev) if need else None)
         starts.append(start.tolist())
         flat.append(fl)
