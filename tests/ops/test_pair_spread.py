@@ -143,19 +143,28 @@ def test_a_spread_term_keeps_the_scores_maps_unbuilt(runs):
     assert isinstance(packs, bucketed.LazyMaps) and packs._maps is None
 
 
-def test_padded_scores_read_a_large_negative_number_exactly_where_no_score_lands():
-    """The fused node's buffer of padded places, made from each sample's extents, equals the
-    one read through the scores' element maps (holes: the large negative number)."""
+def test_the_key_mask_weighs_nothing_past_each_sample_and_is_small():
+    """The fused node's key mask (``attend._key_mask``: per bucket ``(count, 1, 1, 1, K)``)
+    agrees, on every query row of a real sample, with the scores' buffer read through their
+    element maps (holes: the large negative number), and it holds ``count * K`` numbers, not a
+    buffer as large as the scores."""
     ns = BATCHES["ragged"]
     (q, k, _), _ = _inputs(ns, 60)
     with torch.no_grad():
         s = q[0] @ k[0].transpose(-1, -2)
     plan = s._values._thunk.plan
     assert plan.flat[-1]  # scores (I, H, J, K) stored as rows (i, j, k) of H: element maps
-    buf = attend._neg_pad(plan, F64, torch.device("cpu"))
-    zeros = torch.zeros(plan.out_rows * H, dtype=F64)
-    want = read_rows(zeros, plan.packs[0], torch.finfo(F64).min)
-    torch.testing.assert_close(buf, want, atol=0, rtol=0)
+    dim = 4  # K, of a bucket's dense scores (slot, I, H, J, K)
+    masks = attend._key_mask(plan, dim, F64, torch.device("cpu"))
+    neg = torch.finfo(F64).min
+    want = attend._pieces(plan, read_rows(torch.zeros(plan.out_rows * H, dtype=F64), plan.packs[0], neg))
+    assert len(masks) == len(want) == len(plan.groups)
+    for mask, full, ids in zip(masks, want, plan.groups):
+        assert mask.numel() == len(ids) * full.shape[dim]
+        got = mask.expand(full.shape)
+        real = full.amax(dim, keepdim=True) > neg  # query rows of a real sample
+        assert bool(real.any())
+        torch.testing.assert_close(torch.where(real, got, full), full, atol=0, rtol=0)
 
 
 def test_a_spread_term_changed_in_place_before_use_raises():

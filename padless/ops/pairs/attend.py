@@ -97,34 +97,48 @@ def _to_rows(plan: _Plan, parts: Sequence[Tensor], perm: bool = True) -> Tensor:
     return _packed(plan, buf)
 
 
-def _neg_pad(plan: _Plan, dtype: torch.dtype, device) -> Tensor:
-    """The scores' bucket buffer of zeros with a large negative number at padded places (made
-    from every sample's extents, one fill per sample: no element maps)."""
-    key = ("neg_pad", dtype, device)
+def _key_mask(plan: _Plan, dim: int, dtype: torch.dtype, device) -> list[Tensor]:
+    """Per bucket, what the softmax over ``dim`` (of a bucket's dense scores, sample order) must
+    not weigh: zeros, and a large negative number where ``dim`` runs past a slot's own extent,
+    shaped ``(count, 1, .., K, .., 1)`` to broadcast over the bucket's scores. Only the softmax
+    dim needs it: at the other padded places (query rows past a sample's end) the rows are
+    computed and dropped, and their gradients are zero (the output's gradient is zero there).
+    Cached on the plan; a few numbers per slot, not a buffer as large as the scores."""
+    key = ("key_mask", dim, dtype, device)
     hit = plan.cache.get(key)
     if hit is None:
-        per = 1 if plan.flat[-1] else math.prod(plan.out_static)
-        rows = sum(math.prod(shape) for shape in plan.out_shapes) // per
-        buf = torch.full((rows,) if plan.flat[-1] else (rows, *plan.out_static), torch.finfo(dtype).min,
-                         dtype=dtype, device=device)
         meta = plan.structure[3]
         hs = (meta.host_sizes if hasattr(meta, "host_sizes") else meta[0]).tolist()
-        env = plan.structure[2]
-        for piece, ids in zip(_pieces(plan, buf), plan.groups):
-            for q, s in enumerate(ids):
-                ext = [hs[s][d] if d in plan.out_ragged else int(env[d]) for d in range(len(hs[s]))]
-                piece[(q, *(slice(0, e) for e in ext))] = 0
-        hit = plan.cache[key] = buf
+        ragged = (dim - 1) in plan.out_ragged
+        inv = layout.inverse_order(plan.out_perm)
+        neg = torch.finfo(dtype).min
+        hit = []
+        for shape, ids in zip(plan.out_shapes, plan.groups):
+            full = [shape[i] for i in inv]  # the bucket's scores in sample order
+            ext = full[dim]
+            rows = torch.zeros((len(ids), ext), dtype=dtype, device=device)
+            if ragged:
+                for q, s in enumerate(ids):
+                    if hs[s][dim - 1] < ext:
+                        rows[q, hs[s][dim - 1]:] = neg  # host ints: a fill on the device, no sync
+            view = [1] * len(full)
+            view[0], view[dim] = len(ids), ext
+            hit.append(rows.view(view))
+        plan.cache[key] = hit
     return hit
 
 
-def _terms_buffer(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Tensor) -> Tensor:
-    """The terms' sum (or the softmax's input ``x``) in the scores' buckets, padded places a
-    large negative number (so they weigh 0 and the scores there, zeros, change nothing)."""
+def _terms_pieces(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Tensor) -> tuple[list[Tensor], bool]:
+    """Per bucket (sample order), what the scores add before the softmax: the terms' sum (or the
+    softmax's input ``x``) with a large negative number at padded places, so those weigh 0 (the
+    scores there, zeros, change nothing). Without score-sized terms it is the key mask
+    (:func:`_key_mask`), broadcast; with broadcast terms (:mod:`padless.ops.pairs.spread`) a new
+    buffer of the scores' size. Returns the pieces and whether they are new, full-size buffers
+    (the caller may then write its scores into them)."""
     p1 = sp.p1
     neg = torch.finfo(like.dtype).min
     if x is not None:
-        return read_rows(_flatten(x, p1.flat[-1]), p1.packs[0], neg)
+        return _pieces(p1, read_rows(_flatten(x, p1.flat[-1]), p1.packs[0], neg)), True
     tsum = None
     for coef, t, m in zip(sp.coefs, terms, sp.spreads):
         if t.dim() == 0 or m is not None:  # a constant: the softmax does not see it; spreads: below
@@ -132,18 +146,19 @@ def _terms_buffer(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Ten
         u = t * coef if coef != 1.0 else t
         tsum = u if tsum is None else tsum + u
     if tsum is None:
-        buf = _neg_pad(p1, like.dtype, like.device)
+        pieces, own = _key_mask(p1, sp.dim, like.dtype, like.device), False
     else:
         tsum = tsum.expand(p1.out_rows, *p1.out_static)
         if tsum.shape[1:] != () and not tsum.is_contiguous():
             tsum = tsum.contiguous()
-        buf = read_rows(_flatten(tsum, p1.flat[-1]), p1.packs[0], neg)
-    return _add_spreads(sp, buf, terms, own=tsum is not None)
+        pieces, own = _pieces(p1, read_rows(_flatten(tsum, p1.flat[-1]), p1.packs[0], neg)), True
+    return _add_spreads(sp, pieces, terms, own)
 
 
-def _add_spreads(sp: Spec, buf: Tensor, terms: Sequence[Tensor], own: bool) -> Tensor:
-    """``buf`` (the scores' buckets) plus every broadcast term, each read once into the buckets
-    at its own size and added by broadcasting (``own``: ``buf`` may be written in place)."""
+def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: bool) -> tuple[list[Tensor], bool]:
+    """``pieces`` plus every broadcast term, each read once into the buckets at its own size and
+    added by broadcasting, into new full-size buffers unless ``own`` (``pieces`` are then written
+    in place). Differentiable and out of place when a gradient is recorded (double backward)."""
     adds: list[Tensor] | None = None
     for coef, t, m in zip(sp.coefs, terms, sp.spreads):
         if m is None:
@@ -151,21 +166,22 @@ def _add_spreads(sp: Spec, buf: Tensor, terms: Sequence[Tensor], own: bool) -> T
         parts = spread.read(m, t if coef == 1.0 else t * coef)
         adds = parts if adds is None else [a + p for a, p in zip(adds, parts)]
     if adds is None:
-        return buf
-    if torch.is_grad_enabled():  # double backward: differentiable, out of place
-        return _bucket_buffer(sp.p1, [p + a for p, a in zip(_pieces(sp.p1, buf), adds)])
-    out = buf if own else torch.empty_like(buf)
-    for src, dst, a in zip(_pieces(sp.p1, buf), _pieces(sp.p1, out), adds):
-        torch.add(src, a, out=dst)
-    return out
+        return pieces, own
+    if torch.is_grad_enabled():  # double backward
+        return [p + a for p, a in zip(pieces, adds)], False
+    if own:
+        return [p.add_(a) for p, a in zip(pieces, adds)], True
+    out = []
+    for p, a, shape in zip(pieces, adds, _sample_shapes(sp.p1)):
+        dst = p.new_empty(shape)
+        out.append(torch.add(p.expand(shape), a.expand(shape), out=dst))
+    return out, True
 
 
-def _bucket_buffer(plan: _Plan, parts: Sequence[Tensor]) -> Tensor:
-    """Per-bucket dense results (sample order) as one buffer in the buckets' layout (the
-    inverse of :func:`_pieces`)."""
-    static = () if plan.flat[-1] else plan.out_static
-    parts = [p.permute(plan.out_perm).reshape(-1, *static) for p in parts]
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+def _sample_shapes(plan: _Plan) -> list[list[int]]:
+    """Per bucket, the shape of its dense result in sample order."""
+    inv = layout.inverse_order(plan.out_perm)
+    return [[shape[i] for i in inv] for shape in plan.out_shapes]
 
 
 def _gather_in(plan: _Plan, j: int, v: Tensor) -> Tensor:
@@ -180,11 +196,11 @@ def _attend(sp: Spec, a, b, v, x, terms):
     ``v``'s dense piece and the scores' operands. From the recipe (``a``, ``b``, ``terms``),
     or, given ``x`` (double backward of the node from the softmax's input), from ``x``."""
     p1, p2, j = sp.p1, sp.p2, sp.j
-    tb = _terms_buffer(sp, x, terms, v)
+    tb, _ = _terms_pieces(sp, x, terms, v)
     scores = None if x is not None else _dense(p1, [_gather_in(p1, 0, a), _gather_in(p1, 1, b)])
     vs = _operand_pieces(p2, 1 - j, _gather_in(p2, 1 - j, v))
     weights, outs = [], []
-    for k, tk in enumerate(_pieces(p1, tb)):
+    for k, tk in enumerate(tb):
         xk = tk if scores is None else torch.add(tk, _einsum(p1.equation, *scores[k]), alpha=sp.alpha)
         pk = xk.softmax(sp.dim)
         weights.append(pk)
@@ -234,7 +250,7 @@ class _Fast:
     """Per bucket, how every operand's buffer piece views as the 3-d operand of a ``bmm``
     (``(batch, m, k)``), and how each 3-d result views back (module docstring)."""
 
-    __slots__ = ("a", "b", "v", "t", "o", "da", "db", "dv", "dt")
+    __slots__ = ("a", "b", "v", "t", "o", "da", "db", "dv", "dt", "nb")
 
     @staticmethod
     def build(p1: _Plan, p2: _Plan, j: int, dim: int) -> _Fast | None:
@@ -249,6 +265,7 @@ class _Fast:
         if pa2 != list(range(len(pa2))) or nb2 != nb1 or nm2 != nm1:
             return None  # the weights not read as (batch, m, n) with n summed
         fast = _Fast()
+        fast.nb = nb1  # batch letters of the scores (the slot first)
         fast.a, fast.b, fast.v, fast.t, fast.o = [], [], [], [], []
         fast.da, fast.db, fast.dv, fast.dt = [], [], [], []
         for k in range(len(p1.buckets)):
@@ -290,17 +307,34 @@ def _three(piece: Tensor, view) -> Tensor:
     return piece.view(shape).permute(comp).reshape(dims)
 
 
+def _fast_mask(sp: Spec, k: int, mask: Tensor) -> Tensor:
+    """Bucket ``k``'s key mask (:func:`_key_mask`, sample order) as the ``(batch, 1, n)`` input of
+    its ``baddbmm`` (the softmax dim is the ``n`` of the fast form), cached on the plan."""
+    key = ("fast_mask", sp.dim, k, mask.dtype, mask.device)
+    hit = sp.p1.cache.get(key)
+    if hit is None:
+        bt, _, nt = sp.fast.t[k]
+        full = list(mask.shape)
+        nb = sp.fast.nb
+        full[1:nb] = _sample_shapes(sp.p1)[k][1:nb]  # the batch letters (the m letters stay 1)
+        hit = sp.p1.cache[key] = mask.expand(full).reshape(bt, 1, nt)
+    return hit
+
+
 def _attend_fast(sp: Spec, a, b, v, terms):
     p1, p2, f = sp.p1, sp.p2, sp.fast
-    tb = _terms_buffer(sp, None, terms, v)
+    tp, own = _terms_pieces(sp, None, terms, v)
     ap = _gather_in(p1, 0, a).split(p1.splits[0])
     bp = _gather_in(p1, 1, b).split(p1.splits[1])
     vp = _gather_in(p2, 1, v).split(p2.splits[1])
-    tp = tb.split([math.prod(d) for d in f.t])
     saved, outs = [], []
     for k in range(len(f.t)):
         a3, b3, v3 = _three(ap[k], f.a[k]), _three(bp[k], f.b[k]), _three(vp[k], f.v[k])
-        p3 = torch.baddbmm(tp[k].view(f.t[k]), a3, b3, alpha=sp.alpha).softmax(-1)
+        if own:  # a new buffer of the terms: the scores are added into it in place
+            x3 = tp[k].view(f.t[k]).baddbmm_(a3, b3, alpha=sp.alpha)
+        else:  # the key mask, broadcast over the query rows
+            x3 = torch.baddbmm(_fast_mask(sp, k, tp[k]), a3, b3, alpha=sp.alpha)
+        p3 = x3.softmax(-1)
         saved.append((a3, b3, v3, p3))
         o_full, perm = f.o[k]
         outs.append(torch.bmm(p3, v3).view(o_full).permute(perm))
