@@ -6,8 +6,12 @@ built on the same samples), so per bucket the scores, the terms, the softmax and
 contraction are dense tensors of one layout: nothing is gathered between them.
 
 Forward, per bucket: ``X = T + alpha * (A @ B)`` (``baddbmm``: ``T`` is the terms' buffer,
-one gather of their sum, a large negative number at padded places), ``P = softmax(X)``,
-``O = P @ V``. Backward: ``dP = dO @ V^T``, ``dV = P^T @ dO``, ``dX = P * (dP - sum(dP * P))``,
+one gather of their sum, a large negative number at padded places, the scores added into it
+in place; without terms of the scores' size, ``T`` is the key mask, a large negative number
+where the softmax dim runs past each slot's extent, broadcast over the query rows),
+``P = softmax(X)``, ``O = P @ V``. Query rows past a sample's end are computed and dropped:
+the output's gradient is zero there, so are theirs.
+Backward: ``dP = dO @ V^T``, ``dV = P^T @ dO``, ``dX = P * (dP - sum(dP * P))``,
 ``dA = alpha * dX @ B^T``, ``dB = alpha * A^T @ dX``, and every term's gradient is ``coef *
 dX`` gathered once to the scores' rows (summed to the term's shape). Every operand goes in
 once and every result out once.

@@ -22,7 +22,8 @@ contraction's. Here they are not computed until something needs them:
   ``einsum("bhij,bjhd->bihd", attn, v)``; :func:`attention`) runs everything in the first
   contraction's buckets as one node (:class:`padless.ops.pairs.attend.Attention`): per
   bucket one ``baddbmm`` for the scores plus the terms (one gathered buffer, padded places a
-  large negative number), a dense softmax, one ``bmm`` with ``v``; its backward makes the
+  large negative number; without terms, a key mask of a few numbers per slot), a dense
+  softmax, one ``bmm`` with ``v``; its backward makes the
   gradients of ``a``, ``b``, ``v`` and every term in the same buckets. Nothing in between runs.
 
 Any other use of pending rows (another op, printing, ``.values()`` read by an op that is not
