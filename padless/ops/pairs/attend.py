@@ -114,11 +114,9 @@ def _key_mask(plan: _Plan, dim: int, dtype: torch.dtype, device) -> list[Tensor]
         meta = plan.structure[3]
         hs = (meta.host_sizes if hasattr(meta, "host_sizes") else meta[0]).tolist()
         ragged = (dim - 1) in plan.out_ragged
-        inv = layout.inverse_order(plan.out_perm)
         neg = torch.finfo(dtype).min
         hit = []
-        for shape, ids in zip(plan.out_shapes, plan.groups):
-            full = [shape[i] for i in inv]  # the bucket's scores in sample order
+        for full, ids in zip(_sample_shapes(plan), plan.groups):
             ext = full[dim]
             rows = torch.zeros((len(ids), ext), dtype=dtype, device=device)
             if ragged:
