@@ -131,3 +131,30 @@ def test_triangle_products_one_node(eq, ns, monkeypatch):
     va = structure.values().detach().clone().requires_grad_()
     vb = b[0].values().detach().clone().requires_grad_()
     assert torch.autograd.gradgradcheck(f, (va, vb))
+
+
+def _top_level_aten_ops(step) -> int:
+    """aten ops that Python and autograd dispatch in ``step()`` (not those another aten op calls)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        step()
+    ev = [e for e in prof.events() if e.name.startswith("aten::")]
+    return sum(1 for e in ev if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+
+
+@pytest.mark.parametrize("eq", TRIANGLE_EQS)
+def test_triangle_products_per_sample_ops(eq, monkeypatch):
+    """The per-sample path costs each sample 11 aten ops over forward and backward: a ``bmm``
+    and a ``view`` of its result per product (three products), and five strided views of the
+    operands (the backward reuses the forward's; no transposes, no copies per sample)."""
+    from padless.ops.pairs import bucketed
+
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", 0.0)
+
+    def step(ns):
+        a = padless.from_list([torch.randn(n, n, 4) for n in ns], ragged_dims=(0, 1), requires_grad=True)
+        b = padless.from_list([torch.randn(n, n, 4) for n in ns], ragged_dims=(0, 1), requires_grad=True)
+        return lambda: torch.einsum(eq, a, b).values().sum().backward()
+
+    few, many = step([3, 5]), step([3, 5, 4, 6, 2, 7])
+    few(), many()  # warm
+    assert _top_level_aten_ops(many) - _top_level_aten_ops(few) <= 11 * 4

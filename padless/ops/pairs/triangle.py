@@ -167,19 +167,36 @@ def _bmm_rows(a: Tensor, b: Tensor, ns: list[int], plan: tuple[bool, bool, bool]
     return out.t().contiguous() if out.shape[1] else a.new_empty((0, a.shape[1]))
 
 
-def _bmm_channels(at: Tensor, bt: Tensor, ns: list[int], plan: tuple[bool, bool, bool]) -> Tensor:
-    """:func:`_bmm_rows` on channel-major operands ``(C, sum N_i**2)``, result channel-major."""
+def _mat(t: Tensor, role: str, lo: int, n: int, transposed: bool, views: dict) -> Tensor:
+    """One sample's ``(C, n, n)`` matrices of the channel-major ``t`` (``(C, P)``, contiguous),
+    starting at column ``lo``, transposed or not: one strided view (no ``view`` then
+    ``transpose``), kept in ``views`` under ``role`` so the backward reuses the forward's."""
+    key = (role, lo, transposed)
+    m = views.get(key)
+    if m is None:
+        c, p = t.shape
+        m = views[key] = t.as_strided((c, n, n), (p, 1, n) if transposed else (p, n, 1), t.storage_offset() + lo)
+    return m
+
+
+def _bmm_channels(at: Tensor, bt: Tensor, ns: list[int], plan: tuple[bool, bool, bool],
+                  roles: tuple[str, str] = ("a", "b"), views: dict | None = None) -> Tensor:
+    """:func:`_bmm_rows` on channel-major operands ``(C, sum N_i**2)``, result channel-major.
+
+    Per sample: two strided views, one ``bmm`` and one ``view`` of its contiguous result
+    (a result the equation wants transposed is computed as the product of the transposed
+    operands in swapped order, so nothing is copied before the ``cat``)."""
     ta, tb, to = plan
+    if to:  # (A B)^T = B^T A^T
+        at, bt, ta, tb, roles = bt, at, not tb, not ta, roles[::-1]
+    views = {} if views is None else views
     c = at.shape[0]
-    rows = [n * n for n in ns]
-    parts = []
-    # one split per operand (its backward is one cat, not a zero-filled gradient per sample)
-    for n, pa, pb in zip(ns, at.split(rows, 1), bt.split(rows, 1)):
-        if n == 0:
-            continue
-        ma, mb = pa.view(c, n, n), pb.view(c, n, n)
-        r = torch.bmm(ma.transpose(1, 2) if ta else ma, mb.transpose(1, 2) if tb else mb)
-        parts.append((r.transpose(1, 2) if to else r).reshape(c, n * n))
+    parts, lo = [], 0
+    for n in ns:
+        if n:
+            r = torch.bmm(_mat(at, roles[0], lo, n, ta, views), _mat(bt, roles[1], lo, n, tb, views))
+            parts.append(r.view(c, n * n))
+        lo += n * n
     return torch.cat(parts, 1) if parts else at.new_empty((c, 0))
 
 
@@ -214,7 +231,8 @@ class _PairProduct(torch.autograd.Function):
         at, bt = a.t().contiguous(), b.t().contiguous()  # (C, P), kept for the backward
         ctx.save_for_backward(a, b, at, bt)
         ctx.ns, ctx.eq = ns, eq
-        out = _bmm_channels(at, bt, list(ns), _bmm_plan(*eq))
+        ctx.views = {}  # the per-sample views of at and bt, reused by the backward
+        out = _bmm_channels(at, bt, list(ns), _bmm_plan(*eq), ("a", "b"), ctx.views)
         return out.t().contiguous() if out.shape[1] else a.new_empty((0, a.shape[1]))
 
     @staticmethod
@@ -226,7 +244,8 @@ class _PairProduct(torch.autograd.Function):
             ga = _PairProduct.apply(g, b, ctx.ns, (o, y, x)) if need[0] else None
             gb = _PairProduct.apply(g, a, ctx.ns, (o, x, y)) if need[1] else None
             return ga, gb, None, None
-        gt, ns = g.t().contiguous(), list(ctx.ns)
-        ga = _bmm_channels(gt, bt, ns, _bmm_plan(o, y, x)).t().contiguous() if need[0] else None
-        gb = _bmm_channels(gt, at, ns, _bmm_plan(o, x, y)).t().contiguous() if need[1] else None
+        gt, ns, views = g.t().contiguous(), list(ctx.ns), ctx.views
+        ctx.views = {}  # freed with the saved tensors (a second backward makes its own)
+        ga = _bmm_channels(gt, bt, ns, _bmm_plan(o, y, x), ("g", "b"), views).t().contiguous() if need[0] else None
+        gb = _bmm_channels(gt, at, ns, _bmm_plan(o, x, y), ("g", "a"), views).t().contiguous() if need[1] else None
         return ga, gb, None, None
