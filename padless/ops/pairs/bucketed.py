@@ -509,8 +509,9 @@ def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> 
     plan = _plan(ins, out, operands)
     if plan is None:
         return None
-    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None else None
-    if pending.deferrable(plan, out, vals):  # scores: pending until used
+    deferred = pending.deferrable(plan, out, vals)
+    fused = _softmax_operand(ins, out, operands, vals) if plan.grad_equations is not None and not deferred else None
+    if deferred:  # scores: pending until used
         packed = pending.contract(plan, *vals)
     elif fused is not None:  # softmax(x) @ v: one node from x, its backward in the buckets
         j, x, y = fused
