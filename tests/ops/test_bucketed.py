@@ -241,6 +241,36 @@ def test_accelerator_price_buckets_large_products_too(monkeypatch):
     assert any(p is not None for p in _plans(a[0]))  # the bucketed plan ran
 
 
+@pytest.mark.parametrize("eq", ["bikc,bjkc->bijc", "bkic,bkjc->bijc"])
+def test_one_sample_buckets_multiply_in_one_call(eq, monkeypatch):
+    """A bucket of one sample reads a channels-last operand ``(1, I, K, C)`` as ``(C, I, K)``,
+    matrices with no dim of unit stride, which torch's CPU ``bmm`` multiplies one matrix at a
+    time: it is copied once first, so the aten ops of the step do not grow with the channels
+    (per sample, values and gradients)."""
+    from padless.ops.pairs import bucketed
+
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", bucketed.SAMPLE_CALL_COST_DEVICE)
+    ns = [4, 16, 40]  # sizes far apart: the largest sample has a bucket of its own
+
+    def step(c, seed):
+        a = leaves([(n, n, c) for n in ns], seed=seed, ragged=(0, 1))
+        b = leaves([(n, n, c) for n in ns], seed=seed + 1, ragged=(0, 1))
+        return a, b, lambda: torch.einsum(eq, a[0], b[0]).values().sum().backward()
+
+    a, b, _ = step(3, 50)
+    check_samples(lambda x, y: torch.einsum(eq, x, y), lambda x, y: torch.einsum(eq.replace("b", ""), x, y),
+                  [a, b], atol=1e-5, rtol=1e-4)
+    assert any(count == 1 for p in _plans(a[0]) if p is not None for count, _ in p.buckets)
+    counts = []
+    for c in (2, 16):
+        run = step(c, 60)[2]
+        run()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run()
+        counts.append(sum(1 for e in prof.events() if e.name.startswith("aten::")))
+    assert counts[0] == counts[1], counts
+
+
 def test_under_autocast_bf16():
     """Under autocast the bucketed contraction runs in bf16 and the bucketed softmax in float32
     (as torch's policy does for the dense ops), forward and backward, per sample against the

@@ -43,6 +43,7 @@ from padless.ops.pairs.bucket_nodes import (
     _packed,
     _Plan,
     gather_back,
+    gemm_ready,
 )
 from padless.tensor import layout
 
@@ -306,7 +307,7 @@ def _form_letters(equation: str) -> list[str]:
 
 def _three(piece: Tensor, view) -> Tensor:
     shape, comp, dims = view
-    return piece.view(shape).permute(comp).reshape(dims)
+    return gemm_ready(piece.view(shape).permute(comp).reshape(dims))
 
 
 def _fast_mask(sp: Spec, k: int, mask: Tensor) -> Tensor:
@@ -351,7 +352,7 @@ def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
     da, db, dv, dx = [], [], [], []
     for k, (a3, b3, v3, p3) in enumerate(ctx.saved):
         perm = f.o[k][1]
-        g3 = gparts[k].view(p2.out_shapes[k]).permute(layout.inverse_order(perm)).reshape(p3.shape[0], p3.shape[1], -1)
+        g3 = gemm_ready(gparts[k].view(p2.out_shapes[k]).permute(layout.inverse_order(perm)).reshape(p3.shape[0], p3.shape[1], -1))
         if need[3]:
             formed, back = f.dv[k]
             dv.append(torch.bmm(p3.transpose(1, 2), g3).view(formed).permute(back))

@@ -92,6 +92,16 @@ def _matmul_form(equation: str) -> tuple | None:
     return pa, pb, len(batch), len(m), len(n), [order.index(c) for c in out]
 
 
+def gemm_ready(t: Tensor) -> Tensor:
+    """``t`` (``(batch, m, k)``) as a batched matmul reads it in one call. A matrix with neither
+    dim of unit stride (a channels-last operand whose channel is the batch, in a bucket of one
+    sample: ``(1, I, K, C)`` read as ``(C, I, K)``) makes torch's CPU ``bmm`` multiply one
+    matrix at a time, each after a copy (about 15 ops per matrix); one copy of the operand
+    instead."""
+    s, n = t.stride(), t.shape
+    return t if s[-1] == 1 or s[-2] == 1 or n[-1] == 1 or n[-2] == 1 else t.contiguous()
+
+
 def _einsum(equation: str, a: Tensor, b: Tensor, out: Tensor | None = None) -> Tensor:
     """``torch.einsum(equation, a, b)`` as one ``bmm`` on permuted views (a transposed operand
     is read in place: einsum would copy it, a whole padded score buffer per call); the
@@ -105,10 +115,11 @@ def _einsum(equation: str, a: Tensor, b: Tensor, out: Tensor | None = None) -> T
         bs, ms, ns = x.shape[:nb], x.shape[nb:nb + nm], y.shape[y.dim() - nn:]
         if bs == y.shape[:nb] and x.shape[nb + nm:] == y.shape[nb:y.dim() - nn]:  # else size-1 dims broadcast
             bt, mm, kk, nt = math.prod(bs), math.prod(ms), math.prod(x.shape[nb + nm:]), math.prod(ns)
+            x3, y3 = gemm_ready(x.reshape(bt, mm, kk)), gemm_ready(y.reshape(bt, kk, nt))
             if out is not None and po == sorted(po):
-                torch.bmm(x.reshape(bt, mm, kk), y.reshape(bt, kk, nt), out=out.view(bt, mm, nt))
+                torch.bmm(x3, y3, out=out.view(bt, mm, nt))
                 return out.view(*bs, *ms, *ns)
-            c = torch.bmm(x.reshape(bt, mm, kk), y.reshape(bt, kk, nt)).view(*bs, *ms, *ns).permute(po)
+            c = torch.bmm(x3, y3).view(*bs, *ms, *ns).permute(po)
     if c is None:
         c = torch.einsum(equation, a, b)
     if out is not None:
