@@ -133,6 +133,41 @@ def test_triangle_products_one_node(eq, ns, monkeypatch):
     assert torch.autograd.gradgradcheck(f, (va, vb))
 
 
+# OpenFold writes its triangle multiplications as matmuls of channel-first permuted pair states
+OPENFOLD_MATMULS = {
+    "outgoing": ((0, 3, 1, 2), (0, 3, 2, 1)),  # a (C, i, k) @ b (C, k, j)
+    "incoming": ((0, 3, 2, 1), (0, 3, 1, 2)),  # a (C, i, k) @ b (C, k, j), k the first pair dim
+}
+
+
+@pytest.mark.parametrize("kind", sorted(OPENFOLD_MATMULS))
+@pytest.mark.parametrize("ns", [(3, 0, 4, 1), (4,)], ids=["with_empty", "one_sample"])
+def test_triangle_products_written_as_matmuls(kind, ns, monkeypatch):
+    """``a.permute(0, 3, 1, 2) @ b.permute(0, 3, 2, 1)`` (OpenFold's form) is the same triangle
+    product as the einsum and takes the same per-sample node: per sample, float64, values and
+    gradients; the result, permuted back, is stored as a plain ``(N_i, N_i, C)`` state."""
+    from padless.ops.pairs import bucketed, triangle
+
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", 0.0)  # these small products would be bucketed
+    ran = []
+    real = triangle._PairProduct.apply
+    monkeypatch.setattr(triangle._PairProduct, "apply", lambda *a: ran.append(a[3]) or real(*a))
+    pa, pb = OPENFOLD_MATMULS[kind]
+    a = leaves([(n, n, 2) for n in ns], seed=3, ragged=(0, 1), dtype=torch.float64)
+    b = leaves([(n, n, 2) for n in ns], seed=4, ragged=(0, 1), dtype=torch.float64)
+
+    def nested(x, y):
+        out = torch.matmul(x.permute(*pa), y.permute(*pb)).permute(0, 2, 3, 1)
+        assert out.storage_order == (0, 1, 2)
+        return out
+
+    def dense(x, y):
+        return torch.matmul(x.permute(*[d - 1 for d in pa[1:]]), y.permute(*[d - 1 for d in pb[1:]])).permute(1, 2, 0)
+
+    check_samples(nested, dense, [a, b], atol=1e-10, rtol=1e-10)
+    assert ran  # the triangle node, not a matmul per sample on views
+
+
 def _top_level_aten_ops(step) -> int:
     """aten ops that Python and autograd dispatch in ``step()`` (not those another aten op calls)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

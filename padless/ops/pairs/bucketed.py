@@ -283,8 +283,11 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     letters = sorted(ragged_ext)
     table = torch.stack([ragged_ext[c] for c in letters], 1) if letters else torch.zeros(b, 0, dtype=torch.int64)
     cost = _cost(ins, out, letters, static_ext)
-    # how many buckets: scores (the result's last dim ragged) pay the fused node's price per bucket
-    bucket_call = SCORES_CALL_COST if out and out[-1] in ragged_ext else CALL_COST
+    # how many buckets: scores (the result's last dim ragged, summed over static letters only)
+    # pay the fused node's price per bucket; a product that sums a ragged letter (a triangle
+    # multiplication written as a matmul of (C, N_i, N_i) states) is not attention
+    summed = {c for t in ins for c in t} - set(out)
+    bucket_call = SCORES_CALL_COST if out and out[-1] in ragged_ext and not summed & set(ragged_ext) else CALL_COST
     scores = bucket_call == SCORES_CALL_COST
     rows = table.tolist()
     call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE

@@ -236,6 +236,10 @@ def matmul(func, a=None, b=None, **kwargs) -> Tensor:
     batched = bucketed.matmul(a, b)  # a few dense calls over padded buckets of similar samples
     if batched is not None:
         return batched
+    if a.sample_dim == 3 == b.sample_dim:  # (C, N_i, N_i) @ (C, N_i, N_i): permuted pair states
+        tri = eager_pair_einsum(["zhmk", "zhkn"], "zhmn", [a, b])
+        if tri is not None:
+            return tri
     return per_sample("matmul", torch.matmul, [a, b], out_ragged)
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from padless.ops.common.structure import RAGGED, STATIC, restructure
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor, _fmt_shape
 from padless.tensor.errors import StructureError
@@ -132,16 +133,23 @@ def traced_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | Non
 # ---------------------------------------------------------------------------- eager
 
 
-def _square_pairs(a: NestedTensor, b: NestedTensor) -> bool:
-    """Both ``(N_i, N_i, C)`` pair states stored row-major, with one structure."""
-    if a._ragged != (0, 1) or b._ragged != (0, 1) or a.sample_dim != 3 or b.sample_dim != 3:
-        return False
-    if a.batch_size != b.batch_size or a._values.dtype != b._values.dtype:
-        return False
+def _square_pairs(a: NestedTensor, b: NestedTensor) -> list[int] | None:
+    """Every sample's ``N_i`` when both are pair states of one structure: three sample dims, two
+    of them ragged with extent ``N_i`` (in any logical position and storage order, as a permuted
+    ``(N_i, N_i, C)`` state), the same static extent; else None."""
+    if len(a._ragged) != 2 or len(b._ragged) != 2 or a.sample_dim != 3 or b.sample_dim != 3:
+        return None
+    if a.batch_size != b.batch_size or a._values.dtype != b._values.dtype or a._values.shape[1:] != b._values.shape[1:]:
+        return None
     ha = a.host_sizes()
-    if not bool((ha[:, 0] == ha[:, 1]).all()):
-        return False
-    return a._meta is b._meta or torch.equal(ha[:, :2], b.host_sizes()[:, :2])
+    n = ha[:, a._ragged[0]]
+    if not bool((ha[:, a._ragged[1]] == n).all()):
+        return None
+    if a._meta is not b._meta:
+        hb = b.host_sizes()
+        if not (torch.equal(hb[:, b._ragged[0]], n) and torch.equal(hb[:, b._ragged[1]], n)):
+            return None
+    return n.tolist()
 
 
 def _bmm_plan(x: str, y: str, o: str) -> tuple[bool, bool, bool] | None:
@@ -203,20 +211,40 @@ def _bmm_channels(at: Tensor, bt: Tensor, ns: list[int], plan: tuple[bool, bool,
 def eager_pair_einsum(ins: list[str], out: str, operands) -> NestedTensor | None:
     """Triangle products of two ``(N_i, N_i, C)`` pair states (``bikc,bjkc->bijc``,
     ``bkic,bkjc->bijc`` and every other equation with two pair letters and one channel
-    letter last in both operands and the output) as one batched matmul per sample over the
-    channel-major copies of the packed rows, or None outside that pattern.
+    letter) as one batched matmul per sample over the channel-major copies of the packed rows,
+    or None outside that pattern.
 
-    The channel letter is the batch of every per-sample matmul: ``values.t()`` is made
-    contiguous once (``(C, sum N_i**2)``), so each sample's ``(C, N_i, N_i)`` operand is a
-    strided view a matmul reads without copying, and the per-sample results are joined
-    with one ``cat`` and transposed back once."""
+    The operands may be permuted pair states (OpenFold's ``a.permute(0, 3, 1, 2) @
+    b.permute(0, 3, 2, 1)``, an ``(C, N_i, N_i)`` matmul): the equation is read in their storage
+    order, where the channel comes last. The result is stored with its pair dims in order,
+    channel last. The channel letter is the batch of every per-sample matmul: ``values.t()`` is
+    made contiguous once (``(C, sum N_i**2)``), so each sample's ``(C, N_i, N_i)`` operand is a
+    strided view a matmul reads without copying, and the per-sample results are joined with
+    one ``cat`` and transposed back once."""
     if len(operands) != 2:
         return None
     a, b = operands
-    eq = (ins[0][1:], ins[1][1:], out[1:])
-    if any(_bmm_plan(*e) is None for e in (eq, (eq[2], eq[1], eq[0]), (eq[2], eq[0], eq[1]))) or not _square_pairs(a, b):
+    x, y, o = ins[0][1:], ins[1][1:], out[1:]
+    if not len(x) == len(y) == len(o) == 3:
         return None
-    return rewrap(_PairProduct.apply(values_of(a), values_of(b), tuple(a.host_sizes()[:, 0].tolist()), eq), a)
+    ns = _square_pairs(a, b)
+    if ns is None:
+        return None
+    static = [d for d in range(3) if d not in a._ragged][0]
+    ch = x[static]
+    if ch not in o:
+        return None
+    pair_pos = [d for d in range(3) if o[d] != ch]  # the result's pair dims, stored in this order
+    eq = ("".join(x[d] for d in a.storage_order), "".join(y[d] for d in b.storage_order),
+          "".join(o[d] for d in pair_pos) + ch)
+    if any(_bmm_plan(*e) is None for e in (eq, (eq[2], eq[1], eq[0]), (eq[2], eq[0], eq[1]))):
+        return None
+    vals = _PairProduct.apply(values_of(a), values_of(b), tuple(ns), eq)
+    if a._ragged == tuple(pair_pos) and o.index(ch) == static:
+        return rewrap(vals, a)  # the result is laid out as a
+    dims = [(STATIC, a._values.shape[1]) if c == ch else (RAGGED, a._ragged[0]) for c in o]
+    dims[pair_pos[1]] = (RAGGED, a._ragged[1])
+    return restructure(a, vals, dims, pair_pos)
 
 
 class _PairProduct(torch.autograd.Function):
