@@ -3,12 +3,15 @@ padded batch with its masks vs padless, interleaved, per piece and for the whole
 
     python benchmarks/pairformer.py [--batch 8] [--lo 16] [--hi 64] [--rounds 10]
                                     [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts] [--fresh]
-                                    [--compile [--backend inductor]]
+                                    [--compile [--backend inductor]] [--style boltz|mini|openfold]
 
 The model code is boltz's, unchanged (``zoo/.venv`` has boltz installed:
 ``PYTHONPATH=. zoo/.venv/bin/python benchmarks/pairformer.py``). Without boltz, a small
 AlphaFold-style layer written here (:class:`MiniPairformer`, the same pieces written with
-plain torch calls) stands in. Both sides get the same weights and inputs:
+plain torch calls) stands in; ``--style mini`` times it even with boltz installed, and
+``--style openfold`` with its triangle multiplications written as OpenFold writes them
+(``a.permute(0, 3, 1, 2) @ b.permute(0, 3, 2, 1)``, channel-first matmuls). Both sides get
+the same weights and inputs:
 
 - padded: ``s (B, N, Cs)``, ``z (B, N, N, Cz)`` zero-padded to the largest N, with
   ``mask (B, N)`` and ``pair_mask (B, N, N)``; the loss sums squares over valid positions;
@@ -58,9 +61,9 @@ from padless.testing.bench import interleaved, without_syncs
 
 
 class _TriMul(nn.Module):
-    def __init__(self, c: int, outgoing: bool) -> None:
+    def __init__(self, c: int, outgoing: bool, as_matmul: bool = False) -> None:
         super().__init__()
-        self.outgoing = outgoing
+        self.outgoing, self.as_matmul = outgoing, as_matmul
         self.norm_in, self.norm_out = nn.LayerNorm(c), nn.LayerNorm(c)
         self.p_in, self.g_in = nn.Linear(c, 2 * c, bias=False), nn.Linear(c, 2 * c, bias=False)
         self.p_out, self.g_out = nn.Linear(c, c, bias=False), nn.Linear(c, c, bias=False)
@@ -70,8 +73,12 @@ class _TriMul(nn.Module):
         xi = x
         x = self.p_in(x) * self.g_in(x).sigmoid() * mask.unsqueeze(-1)
         a, b = torch.chunk(x, 2, dim=-1)
-        eq = "bikd,bjkd->bijd" if self.outgoing else "bkid,bkjd->bijd"
-        return self.p_out(self.norm_out(torch.einsum(eq, a, b))) * self.g_out(xi).sigmoid()
+        if self.as_matmul:  # OpenFold's form: channel-first matmuls of permuted pair states
+            pa, pb = ((0, 3, 1, 2), (0, 3, 2, 1)) if self.outgoing else ((0, 3, 2, 1), (0, 3, 1, 2))
+            p = torch.matmul(a.permute(*pa), b.permute(*pb)).permute(0, 2, 3, 1)
+        else:
+            p = torch.einsum("bikd,bjkd->bijd" if self.outgoing else "bkid,bkjd->bijd", a, b)
+        return self.p_out(self.norm_out(p)) * self.g_out(xi).sigmoid()
 
 
 class _TriAtt(nn.Module):
@@ -132,10 +139,10 @@ class MiniPairformer(nn.Module):
     """The pieces of an AlphaFold/boltz Pairformer layer with plain torch calls (used when
     boltz is not installed); same call signature as boltz's ``PairformerLayer``."""
 
-    def __init__(self, cs, cz, num_heads, dropout, pairwise_head_width, pairwise_num_heads) -> None:
+    def __init__(self, cs, cz, num_heads, dropout, pairwise_head_width, pairwise_num_heads, tri_mul_matmul=False) -> None:
         super().__init__()
         self.dropout = dropout
-        self.tri_mul_out, self.tri_mul_in = _TriMul(cz, True), _TriMul(cz, False)
+        self.tri_mul_out, self.tri_mul_in = _TriMul(cz, True, tri_mul_matmul), _TriMul(cz, False, tri_mul_matmul)
         self.tri_att_start = _TriAtt(cz, pairwise_head_width, pairwise_num_heads, True)
         self.tri_att_end = _TriAtt(cz, pairwise_head_width, pairwise_num_heads, False)
         self.transition_z, self.transition_s = _Transition(cz), _Transition(cs)
@@ -162,6 +169,10 @@ def build_layer(args) -> tuple[nn.Module, str]:
     torch.manual_seed(0)
     kw = dict(num_heads=args.heads, dropout=args.dropout, pairwise_head_width=args.pair_width,
               pairwise_num_heads=args.pair_heads)
+    style = getattr(args, "style", "boltz")
+    if style != "boltz":
+        mini = MiniPairformer(args.cs, args.cz, **kw, tri_mul_matmul=style == "openfold")
+        return mini, f"MiniPairformer, triangle multiplications as {'matmuls (OpenFold)' if style == 'openfold' else 'einsums'}"
     try:
         from boltz.model.layers.pairformer import PairformerLayer
     except ImportError:
@@ -420,6 +431,9 @@ def _device_clock(device: str):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--style", choices=("boltz", "mini", "openfold"), default="boltz",
+                    help="boltz's layer (MiniPairformer when boltz is missing), or the stand-in with its "
+                         "triangle multiplications as einsums (mini) or as OpenFold's matmuls (openfold)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--lo", type=int, default=16)
     ap.add_argument("--hi", type=int, default=64)
