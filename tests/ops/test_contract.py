@@ -168,6 +168,25 @@ def test_triangle_products_written_as_matmuls(kind, ns, monkeypatch):
     assert ran  # the triangle node, not a matmul per sample on views
 
 
+@pytest.mark.parametrize("eq", ["bikc,bjkc->bijc", "bkic,bkjc->bijc"])
+def test_triangle_products_of_transposed_pair_states(eq, monkeypatch):
+    """An operand stored transposed (``z.transpose(1, 2)``, as an "ending node" layer sees its
+    pair state) is read in its storage order by the same triangle node: per sample, float64,
+    values and gradients, with an empty sample."""
+    from padless.ops.pairs import bucketed, triangle
+
+    monkeypatch.setattr(bucketed, "SAMPLE_CALL_COST", 0.0)
+    ran = []
+    real = triangle._PairProduct.apply
+    monkeypatch.setattr(triangle._PairProduct, "apply", lambda *a: ran.append(a[3]) or real(*a))
+    ns = (3, 0, 5, 2)
+    a = leaves([(n, n, 2) for n in ns], seed=5, ragged=(0, 1), dtype=torch.float64)
+    b = leaves([(n, n, 2) for n in ns], seed=6, ragged=(0, 1), dtype=torch.float64)
+    check_samples(lambda x, y: torch.einsum(eq, x.transpose(1, 2), y),
+                  lambda x, y: torch.einsum(eq.replace("b", ""), x.transpose(0, 1), y), [a, b], atol=1e-10, rtol=1e-10)
+    assert ran
+
+
 def _top_level_aten_ops(step) -> int:
     """aten ops that Python and autograd dispatch in ``step()`` (not those another aten op calls)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
