@@ -30,6 +30,7 @@ from padless.tensor.structure import (
     carried_metadata,
     carry_on,
     handed_out,
+    relaid_tangent,
     restore_metadata,
     static_change,
 )
@@ -177,11 +178,12 @@ class NestedTensor(Tensor):
         return list(self._INNER), ctx
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: tuple, expected_type: type | None = None):
-        """A gradient fed to a compiled backward with exactly the carried maps the graph traced
-        its tangent with (a real gradient may carry others, or get automatic ones when
-        flattened). None when a map the graph expects is missing (torch then explains)."""
-        if expected_type not in (None, type(self)) or expected_metadata[0] != self._ragged:
+        """A gradient fed to a compiled backward with exactly the carried maps (and the storage
+        order) the graph traced its tangent with. None when a map it expects is missing."""
+        if expected_type not in (None, type(self)):
             return None
+        if expected_metadata[0] != self._ragged:  # stored in another order: re-laid out once
+            return relaid_tangent(self, expected_metadata, expected_type)
         want = expected_metadata[1] if len(expected_metadata) > 1 else ()
         m, dev = self._meta, self._values.device
         meta = StructureMeta(m.host_sizes, m.host_offsets)

@@ -137,6 +137,25 @@ def register_auto_carrier(fn: Callable[[Any], None]) -> Callable[[Any], None]:
 register_carried("pair_rows")  # padless.ops.compile_rows: (sum N_i**2,) pair row map
 
 
+def relaid_tangent(nt: Any, expected_metadata: tuple, expected_type: type | None) -> Any:
+    """``nt.__coerce_same_metadata_as_tangent__`` for a gradient whose ragged dims are stored in
+    another order than the compiled backward traced its tangent with (the gradient of a permuted
+    pair state, ``p.permute(0, 2, 3, 1)`` of a channel-first product): its rows re-laid out in
+    that order (one gather from host sizes), its automatic carried maps made, then coerced as
+    usual (the structure's host sizes when it has them, else its sizes and offsets: a compiled
+    graph's output has only those). None when the orders are not of the same dims."""
+    want, m = tuple(expected_metadata[0]), nt._meta
+    if sorted(want) != sorted(nt._ragged):
+        return None
+    sizes, offsets = (m.host_sizes, m.host_offsets) if m.host_sizes is not None else (nt._sizes, nt._offsets)
+    _, idx = layout.relayout_rows(sizes, offsets, nt._ragged, want, nt._values.shape[0])
+    vals = nt._values.index_select(0, idx.to(nt._values.device))
+    out = type(nt)(vals, nt._offsets, nt._sizes, want, nt._env, StructureMeta(m.host_sizes, m.host_offsets))
+    for fn in AUTO_CARRIERS:
+        fn(out)
+    return out.__coerce_same_metadata_as_tangent__(expected_metadata, expected_type)
+
+
 # ---------------------------------------------------------------------------- pickled metadata
 
 #: Derived entries keyed ``(name, device)`` that pickling carries, so metadata a DataLoader

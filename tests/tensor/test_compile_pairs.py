@@ -189,6 +189,33 @@ def test_triangle_multiplication_block_fullgraph_one_graph(backend):
     assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over 8 batches"
 
 
+class OpenFoldTriangleBlock(TriangleBlock):
+    """The same block with its triangle products written as OpenFold writes them: channel-first
+    matmuls of permuted pair states, the result permuted back (the incoming one's gradient
+    reaches the compiled backward stored transposed, and is re-laid out there)."""
+
+    def forward(self, x):
+        z = self.u(x).unsqueeze(2) + self.v(x).unsqueeze(1)
+        a, b = self.a(z) * torch.sigmoid(z), self.b(z)
+        out = torch.matmul(a.permute(0, 3, 1, 2), b.permute(0, 3, 2, 1)).permute(0, 2, 3, 1)
+        inc = torch.matmul(a.permute(0, 3, 2, 1), b.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        z = z + self.ln(out + inc)
+        return x + self.o(z.mean(dim=2)), inc
+
+
+def test_openfold_triangle_products_fullgraph_one_graph():
+    torch.manual_seed(0)
+    block = OpenFoldTriangleBlock()
+    cnt = CompileCounterWithBackend("aot_eager")
+    cblock = torch.compile(block, backend=cnt, fullgraph=True)
+
+    def inputs(lengths, i):
+        return (padless.from_list(_samples(lengths, 6, i), requires_grad=True),)
+
+    _check_against_eager(block, cblock, inputs, _lengths(5))
+    assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over 5 batches"
+
+
 @pytest.mark.parametrize("eq", ["ikc,jkc->ijc", "kic,kjc->ijc", "ikc,kjc->ijc"])
 def test_pair_einsum_op_matches_einsum_per_sample(eq):
     """The custom op (run eagerly) against torch.einsum on each sample, empty sample
