@@ -216,6 +216,27 @@ def test_openfold_triangle_products_fullgraph_one_graph():
     assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over 5 batches"
 
 
+def _envelope_mask_step(z):
+    """boltz's dropout mask: a dense tensor shaped by the envelope of a slice of ``z``."""
+    v = z[:, :, 0:1, 0:1]
+    return z + (torch.rand(v.shape) >= 0.25) * 1.0 * torch.sigmoid(z)
+
+
+@pytest.mark.skipif(not INDUCTOR, reason="inductor run (PADLESS_COMPILE_INDUCTOR=1)")
+@pytest.mark.parametrize("grad_set", [False, pytest.param(True, marks=pytest.mark.xfail(
+    strict=True, reason="known limit: dynamo also fakifies the input's .grad; the envelope symbol it "
+    "shares with the input comes from the gradient, which inductor's code is not given (NameError)"))])
+def test_inductor_dense_envelope_mask_with_and_without_input_grad(grad_set):
+    """Under inductor a dense tensor shaped by a pair state's envelope compiles, unless the input
+    already holds a ``.grad`` when it is first compiled (docs/limits.md, torch.compile)."""
+    cf = torch.compile(_envelope_mask_step, fullgraph=True, backend="inductor")
+    for lengths in ([5, 3, 7], [4, 9, 2, 6]):
+        z = padless.from_list([torch.randn(n, n, 4) for n in lengths], ragged_dims=(0, 1), requires_grad=True)
+        if grad_set:
+            _envelope_mask_step(z).values().sum().backward()
+        cf(z).values().sum().backward()
+
+
 @pytest.mark.parametrize("eq", ["ikc,jkc->ijc", "kic,kjc->ijc", "ikc,kjc->ijc"])
 def test_pair_einsum_op_matches_einsum_per_sample(eq):
     """The custom op (run eagerly) against torch.einsum on each sample, empty sample
