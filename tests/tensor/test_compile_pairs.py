@@ -178,15 +178,20 @@ class TriangleBlock(torch.nn.Module):
 @pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if INDUCTOR else []))
 def test_triangle_multiplication_block_fullgraph_one_graph(backend):
     torch.manual_seed(0)
-    block = TriangleBlock()
+    _one_graph_against_eager(TriangleBlock(), backend, 8)
+
+
+def _one_graph_against_eager(block: torch.nn.Module, backend: str, n: int) -> None:
+    """``block`` compiled (``fullgraph=True``) over ``n`` batches of changing sizes: one graph,
+    outputs and gradients equal to eager padless sample by sample."""
     cnt = CompileCounterWithBackend(backend)
     cblock = torch.compile(block, backend=cnt, fullgraph=True)
 
     def inputs(lengths, i):
         return (padless.from_list(_samples(lengths, 6, i), requires_grad=True),)
 
-    _check_against_eager(block, cblock, inputs, _lengths(8))
-    assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over 8 batches"
+    _check_against_eager(block, cblock, inputs, _lengths(n))
+    assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over {n} batches"
 
 
 class OpenFoldTriangleBlock(TriangleBlock):
@@ -205,15 +210,7 @@ class OpenFoldTriangleBlock(TriangleBlock):
 
 def test_openfold_triangle_products_fullgraph_one_graph():
     torch.manual_seed(0)
-    block = OpenFoldTriangleBlock()
-    cnt = CompileCounterWithBackend("aot_eager")
-    cblock = torch.compile(block, backend=cnt, fullgraph=True)
-
-    def inputs(lengths, i):
-        return (padless.from_list(_samples(lengths, 6, i), requires_grad=True),)
-
-    _check_against_eager(block, cblock, inputs, _lengths(5))
-    assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over 5 batches"
+    _one_graph_against_eager(OpenFoldTriangleBlock(), "aot_eager", 5)
 
 
 def _envelope_mask_step(z):
