@@ -4,6 +4,13 @@ Replace ``torch.nested`` by ``padless.nested`` and the calls keep working; in
 addition samples may have several ragged dims (``(2, 5)`` next to ``(3, 4)``),
 and binary ops work between equal structures built separately.
 
+>>> import torch
+>>> from padless import nested
+>>> x = nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged)
+>>> y = nested.nested_tensor_from_jagged(torch.arange(6.).view(6, 1).expand(6, 3), x.offsets())
+>>> [t.sum().item() for t in (x + y).unbind()], nested.to_padded_tensor(x, 0.0).shape
+([9.0, 54.0], torch.Size([2, 4, 3]))
+
 Differences worth knowing:
 
 * ``layout`` is accepted for compatibility (``torch.strided`` or ``torch.jagged``);

@@ -55,7 +55,29 @@ from padless.collate.samples import field_label
 
 
 def collate(samples: Sequence[Any]) -> Any:
-    """Collate a list of samples, packing fields of differing shapes (see the module docstring).
+    """A drop-in for ``torch.utils.data.default_collate`` that packs what varies.
+
+    It walks the samples as ``default_collate`` does (dicts, tuples, lists, namedtuples and
+    dataclasses; numbers and strings as ``default_collate`` handles them) and at every
+    tensor field: stacks it when every sample has one shape, and packs it into a
+    :class:`~padless.NestedTensor` (ragged along the dims that differ) when shapes differ,
+    instead of failing or padding. Static dims and dtypes must agree; a mismatch raises a
+    :class:`~padless.StructureError` naming the field, the sample and the shapes.
+
+    Two entry points, one result type each:
+
+    * ``padless.collate(samples)`` returns the samples' own container type: a ``dict`` for
+      dict samples (as ``default_collate``), a tuple for tuples, ... A drop-in, nothing else.
+    * ``padless.Collator(schema)(samples)`` returns a :class:`~padless.Batch` (dict-like, with
+      attribute access, ``pin_memory()``, one-copy ``to(device)`` and derived outputs such as
+      position ids and labels). Use it when a field must stay ragged whatever one batch holds,
+      or to have the workers compute kernel metadata.
+
+    Args:
+        samples: the list the DataLoader hands its ``collate_fn``.
+
+    Returns:
+        The collated batch, in the samples' structure, with NestedTensors where shapes differ.
 
     >>> import torch, padless
     >>> b = padless.collate([{"x": torch.ones(2, 3)}, {"x": torch.ones(4, 3)}])

@@ -88,6 +88,13 @@ class Field:
                      ``MaxPool2d`` of that geometry on the batch finds it ready. A network plan recipe
                      (:func:`padless.vision.plan_recipe`) builds every layer's plans of the whole
                      network instead (each stage's convolutions, pools, strided projections)
+
+    Example:
+        >>> import torch, padless
+        >>> coll = padless.Collator({"x": padless.Field(ragged=0, dtype=torch.float64, seq_idx="seq")})
+        >>> b = coll([{"x": torch.ones(2, 3)}, {"x": torch.ones(2, 3)}])   # equal lengths: still ragged
+        >>> type(b.x).__name__, b.x.dtype, b.seq.values().tolist()
+        ('NestedTensor', torch.float64, [0, 0, 1, 1])
     """
 
     ragged: int | tuple[int, ...] | None = None
@@ -110,7 +117,46 @@ class Field:
 
 
 class Collator:
-    """A ``collate_fn`` with a per-field schema; returns a :class:`Batch` (see the module docstring)."""
+    """A ``collate_fn`` with a per-field schema; returns a :class:`Batch`.
+
+    Where :func:`padless.collate` infers everything (it packs whatever varies and stacks the
+    rest), a ``Collator`` is told: which dims of a field are ragged (a declared field stays a
+    NestedTensor even when every sample of one batch has the same length), dtype casts, pair
+    maps, position ids, sample ids, shifted labels, padding of the packed length, and the
+    spatial plans of an image network's first layers. Everything is computed in the
+    DataLoader worker that calls it, so the training step receives a batch whose kernels'
+    metadata (offsets, int32 ``cu_seqlens``, python-int ``max_seqlen``, maps) is ready.
+
+    Args:
+        fields: field name -> :class:`Field`. Fields the schema does not name are collated by
+            inference, as :func:`padless.collate` does. A declared field must be present in
+            every sample.
+
+    Returns (when called on a list of samples):
+        A :class:`Batch`: dict-like, with attribute access (``batch.input_ids``), ``len(batch)``
+        the number of samples, ``pin_memory()`` and ``to(device, non_blocking=True)`` (one copy
+        per dtype). Samples may be dicts, tuples or dataclasses; a tuple's fields are named
+        ``"0"``, ``"1"``, ... .
+
+    Raises:
+        KeyError: a declared field is missing from a sample.
+        StructureError: samples disagree on a static dim, a dtype, or the schema's ragged dims.
+
+    Example:
+        >>> import torch, padless
+        >>> collator = padless.Collator({
+        ...     "input_ids": padless.Field(ragged=0, position_ids="position_ids", labels="labels"),
+        ... })
+        >>> b = collator([{"input_ids": torch.tensor([5, 6])}, {"input_ids": torch.tensor([7, 8, 9])}])
+        >>> b.input_ids.values().tolist(), b.input_ids.offsets().tolist()
+        ([5, 6, 7, 8, 9], [0, 2, 5])
+        >>> b.position_ids.values().tolist(), b.labels.values().tolist()
+        ([0, 1, 0, 1, 2], [-100, 6, -100, 8, 9])
+
+        In a DataLoader: ``DataLoader(ds, batch_size=8, collate_fn=collator, num_workers=2,
+        pin_memory=True)``. The module docstring of ``padless.collate.collator`` draws the
+        layout of every output.
+    """
 
     def __init__(self, fields: Mapping[str, Field] | None = None) -> None:
         self.fields: dict[str, Field] = dict(fields or {})

@@ -554,9 +554,25 @@ def from_values(
 
 
 def from_njt(njt: Tensor) -> NestedTensor:
-    """Convert a ``torch.nested`` jagged-layout tensor (holes allowed) into a NestedTensor.
+    """Convert a ``torch.nested`` jagged-layout tensor (NJT) into a NestedTensor.
 
-    Keeps autograd history. Reads the NJT's cached max seqlen when present.
+    Args:
+        njt: a jagged-layout nested tensor (``layout=torch.jagged``); holes (an NJT made
+            with ``lengths=``) are allowed: the result packs only the valid rows.
+
+    Returns:
+        A NestedTensor with the same samples, ragged along the NJT's jagged dim. It keeps
+        autograd history, and reads the NJT's cached max seqlen when present (no sync).
+
+    Raises:
+        TypeError: ``njt`` is not a jagged-layout nested tensor.
+
+    Example:
+        >>> import torch, padless
+        >>> njt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(4, 3)], layout=torch.jagged)
+        >>> x = padless.from_njt(njt)
+        >>> x.shape, x.offsets().tolist()
+        (torch.Size([2, 4, 3]), [0, 2, 6])
     """
     what = "NestedTensor.from_njt"
     if not (isinstance(njt, Tensor) and njt.is_nested and njt.layout == torch.jagged):

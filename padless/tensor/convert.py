@@ -67,6 +67,20 @@ def to_padded(nt: NestedTensor, value: float = 0.0, output_size: Sequence[int] |
     """Dense ``(B, *envelope)`` copy with ``value`` in padded positions. Differentiable; no sync
     when the batch carries host metadata (collated and locally built batches do).
 
+    Args:
+        nt: the NestedTensor.
+        value: the fill of padded positions.
+        output_size: a larger envelope ``(B, *sizes)`` to pad to (each entry at least the
+            batch's own), e.g. a fixed length for a model that wants one.
+
+    Returns:
+        A new dense tensor; ``nt.mask()`` says which positions are real.
+
+    >>> import torch, padless
+    >>> x = padless.from_list([torch.tensor([1., 2.]), torch.tensor([3.])])
+    >>> padless.to_padded(x, -1.0).tolist(), padless.to_padded(x, 0.0, (2, 4)).shape
+    ([[1.0, 2.0], [3.0, -1.0]], torch.Size([2, 4]))
+
     Under ``torch.compile`` the envelope is the NestedTensor's outer size, so the result is
     ``(B, max N, ...)`` with symbolic ``B`` and ``max N``; the call goes through
     ``Tensor.to_padded_tensor`` (a torch function the graph records) to :func:`padded_copy`.
@@ -136,7 +150,31 @@ def valid_mask(nt: NestedTensor) -> Tensor:
 
 
 def to_njt(nt: NestedTensor) -> Tensor:
-    """Convert to a ``torch.nested`` jagged tensor (one ragged dim only). Keeps autograd."""
+    """Convert to a ``torch.nested`` jagged-layout tensor (NJT), for code that needs one.
+
+    The NJT shares ``values`` (no copy) and keeps autograd. torch.nested allows one ragged
+    dim, so a batch with several (images ``(C, H_i, W_i)``, pairs ``(N_i, N_i, C)``) is
+    refused; flatten them first (``x.flatten(1, 2)``) or keep the padless tensor.
+
+    Args:
+        nt: a NestedTensor with exactly one ragged dim.
+
+    Returns:
+        ``torch.nested.nested_tensor_from_jagged(values, offsets, jagged_dim=...)`` with the
+        same samples (and the batch's ``max_seqlen``, so no sync).
+
+    Raises:
+        StructureError: ``nt`` has more than one ragged dim.
+
+    Example:
+        >>> import torch, padless
+        >>> x = padless.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+        >>> njt = padless.to_njt(x)
+        >>> njt.is_nested, njt.values().shape, [t.shape[0] for t in njt.unbind()]
+        (True, torch.Size([6, 3]), [2, 4])
+        >>> padless.from_njt(njt).shape     # and back
+        torch.Size([2, 4, 3])
+    """
     if len(nt._ragged) != 1:
         raise StructureError(
             f"to_njt(): torch.nested supports one ragged dim; this NestedTensor has {nt.ragged_dims}. "

@@ -11,8 +11,21 @@ from __future__ import annotations
 
 
 class StructureError(ValueError, RuntimeError):
-    """Bad or incompatible ragged structure; message names the op, argument and sample.
+    """Bad or incompatible ragged structure; the message names the op, the argument and the sample.
 
+    Raised for mismatched ranks, static dims or dtypes, incompatible ragged structures,
+    corrupt offsets or sizes, and any op that cannot keep samples apart; the message
+    ends with the rewrite when there is one. It derives from ``ValueError`` and
+    ``RuntimeError`` so that code written for ``torch.nested`` keeps catching it.
+
+    >>> import torch, padless
+    >>> a = padless.from_list([torch.ones(2, 3), torch.ones(4, 3)])
+    >>> b = padless.from_list([torch.ones(3, 3), torch.ones(3, 3)])
+    >>> try:
+    ...     a + b
+    ... except padless.StructureError as e:
+    ...     print(type(e).__name__)
+    StructureError
     >>> issubclass(StructureError, ValueError) and issubclass(StructureError, RuntimeError)
     True
     """

@@ -65,7 +65,31 @@ def padded_reads(strict: bool = False) -> Iterator[None]:
 
 
 def strict_padded_reads() -> contextlib.AbstractContextManager[None]:
-    """``padded_reads(strict=True)``: refuse dense operands read in padded coordinates."""
+    """Refuse dense operands read in padded coordinates, inside a ``with`` block.
+
+    Because ``x.shape`` is the padded envelope, a dense tensor built from it (a padding mask
+    ``(B, L)``, a position table ``pos[:, :x.shape[1]]``, a pair bias ``(B, N, N, 1)``) is laid
+    out in padded coordinates, and padless reads it that way: each element takes the entry at
+    its own coordinates. That is usually what model code means; this switch finds every such
+    read, e.g. when porting a model, by making each one raise a :class:`StructureError` that
+    names the op and the operand's shape. Same as ``padded_reads(strict=True)``; the
+    environment variable ``PADLESS_STRICT_PADDED=1`` turns it on for a whole run.
+
+    Returns:
+        A context manager.
+
+    Example:
+        >>> import torch, padless
+        >>> x = padless.from_list([torch.ones(2, 4), torch.ones(3, 4)])
+        >>> with padless.strict_padded_reads():
+        ...     try:
+        ...         x + torch.zeros(x.shape)
+        ...     except padless.StructureError as e:
+        ...         print(str(e).split(" in padded")[0])
+        add(): reads a dense operand of shape (2, 3, 4)
+        >>> (x + torch.zeros(1, 1, 4)).shape   # extent 1 broadcasts: not a padded read
+        torch.Size([2, 3, 4])
+    """
     return padded_reads(strict=True)
 
 

@@ -132,8 +132,27 @@ def patchify(images: NestedTensor, patch: Patch) -> NestedTensor:
 
 
 def patch_grid(images: NestedTensor, patch: Patch) -> NestedTensor:
-    """``(row, col)`` on the patch grid of every token :func:`patchify` makes: an int64
-    NestedTensor ``(N_i, 2)`` with the token structure (for 2-D position embeddings)."""
+    """The ``(row, col)`` of every token :func:`patchify` makes, on its image's patch grid.
+
+    For 2-D position embeddings of a native-resolution ViT: token ``k`` of image ``i`` is
+    the patch at ``(row, col)`` of that image's own ``(H_i // ph, W_i // pw)`` grid.
+
+    Args:
+        images: a NestedTensor of images ``(C, H_i, W_i)`` ragged along dims (1, 2), each
+            side a multiple of the patch.
+        patch: the patch size, an int or ``(ph, pw)``.
+
+    Returns:
+        An int64 NestedTensor ``(N_i, 2)`` with the token structure of ``patchify(images, patch)``
+        (``N_i = (H_i // ph) * (W_i // pw)``), rows in the tokens' (row-major) order.
+
+    Example:
+        >>> import torch, padless
+        >>> imgs = padless.from_list([torch.zeros(3, 4, 6), torch.zeros(3, 2, 2)])
+        >>> grid = padless.patch_grid(imgs, 2)
+        >>> [g.tolist() for g in grid.unbind()]
+        [[[0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [1, 2]], [[0, 0]]]
+    """
     _check_images("patch_grid", images)
     kh, kw = _pair("patch_grid", "patch", patch)
     _, grid, tok_off, coords = _patch_rows("patch_grid", images, kh, kw, True)
@@ -144,7 +163,21 @@ def patch_grid(images: NestedTensor, patch: Patch) -> NestedTensor:
 def unpatchify(tokens: NestedTensor, patch: Patch, image_sizes: Tensor | NestedTensor) -> NestedTensor:
     """Inverse of :func:`patchify`: tokens ``(N_i, C*ph*pw)`` back to images ``(C, H_i, W_i)``.
 
-    ``image_sizes`` is the image batch itself or a CPU int tensor ``(B, 2)`` of ``(H_i, W_i)``.
+    Args:
+        tokens: a NestedTensor ``(N_i, C*ph*pw)`` ragged along dim 1, as :func:`patchify`
+            makes it (or a model's output of that layout).
+        patch: the patch size, an int or ``(ph, pw)``.
+        image_sizes: the image batch itself, or a CPU int tensor ``(B, 2)`` of ``(H_i, W_i)``.
+
+    Returns:
+        A NestedTensor of images ``(C, H_i, W_i)`` ragged along dims (1, 2).
+
+    Example:
+        >>> import torch, padless
+        >>> imgs = padless.from_list([torch.randn(3, 4, 6), torch.randn(3, 2, 2)])
+        >>> back = padless.unpatchify(padless.patchify(imgs, 2), 2, imgs)
+        >>> all(torch.equal(a, b) for a, b in zip(back.unbind(), imgs.unbind()))
+        True
     """
     kh, kw = _pair("unpatchify", "patch", patch)
     if not isinstance(tokens, NestedTensor) or tokens.sample_dim != 2 or tokens._ragged != (0,):
