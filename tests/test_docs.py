@@ -127,3 +127,12 @@ def test_readme_links_every_docs_page():
 def test_readme_is_short():
     n = len(README.read_text().splitlines())
     assert n <= MAX_README_LINES, f"README.md has {n} lines (at most {MAX_README_LINES}): move detail into docs/"
+
+
+def test_committed_op_table_is_current():
+    """``docs/ops.md`` is what ``python -m padless.ops --markdown`` prints, so ``make docs``
+    leaves a fresh clone unchanged; regenerate it with that command when this fails."""
+    out = subprocess.run([sys.executable, "-m", "padless.ops", "--markdown"], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    committed = (ROOT / "docs" / "ops.md").read_text()
+    assert out == committed, "docs/ops.md is out of date: run `python -m padless.ops --markdown > docs/ops.md`"
