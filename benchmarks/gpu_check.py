@@ -24,6 +24,10 @@
    attention implementations, against the FLOP ideal, after one step of every padless path
    under ``set_sync_debug_mode("error")`` (needs ``transformers``; skipped without it and
    with ``--quick``).
+10. ``benchmarks/host_time.py --device cuda``: host time per training step (CPU time of the
+   Python thread that launches it) against the step's GPU time, for the encoder, the
+   Pairformer layer and a ResNet-style CNN, padless and padded, each on new batches: a ratio
+   above 1 means the step is host-bound (kept with ``--quick``: it is short).
 
 Prints one summary line per step and exits 0 (a failed step is reported in its
 summary); ``--strict`` exits non-zero when a step failed. ``--budget SECONDS`` fits the run
@@ -162,6 +166,8 @@ def main() -> None:
             results.append(step("transformers (bf16 autocast, zero syncs, FLOP ideal)",
                                 [py, "benchmarks/hf.py", "--device", "cuda", "--dtype", "bfloat16", "--syncs",
                                  "--rounds", "10"], tail_lines=25))
+    results.append(step("host time per step (host-bound?)", [py, "benchmarks/host_time.py", "--device", "cuda",
+                                                            "--steps", "5" if args.quick else "10"], tail_lines=10))
     failed = sum(r is False for r in results)
     skipped = sum(r is None for r in results)
     say(f"== gpu_check: {len(results) - failed - skipped} of {len(results)} steps ok, {failed} failed, {skipped} skipped")
