@@ -115,11 +115,21 @@ def test_grad_of_several_intermediates_and_the_leaf():
             torch.testing.assert_close(got.unbind()[i], want)
 
 
-def test_constructor_values_used_elsewhere_do_not_leak_into_the_gradient():
+CONSTRUCTORS = {
+    "from_jagged": lambda v: nested_tensor_from_jagged(v, _offsets()),
+    "from_values": lambda v: padless.from_values(v, lengths=torch.tensor(LENGTHS)),
+    "from_list": lambda v: padless.from_list(list(v.split(LENGTHS)), keep_history=True),
+}
+
+
+@pytest.mark.parametrize("values", ["leaf", "with_history"])
+@pytest.mark.parametrize("make", sorted(CONSTRUCTORS))
+def test_constructor_values_used_elsewhere_do_not_leak_into_the_gradient(make, values):
     """The values given to the constructor are the caller's: their other uses are not uses of
     the NestedTensor, so they are not part of its gradient."""
-    v = torch.cat(_rows()).requires_grad_()
-    nt = nested_tensor_from_jagged(v, _offsets())
+    w = torch.cat(_rows()).requires_grad_()
+    v = w if values == "leaf" else w * 1
+    nt = CONSTRUCTORS[make](v)
     out = nt.cos().sum() + 3 * v.sum()
     (g,) = torch.autograd.grad(out, [nt])
     _check(g, [-r.sin() for r in _rows()])
