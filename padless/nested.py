@@ -204,7 +204,7 @@ def _from_jagged_traced(rows: Tensor, offsets: Tensor, r: int, max_seqlen) -> Ne
     env.insert(r, m)
     meta = StructureMeta(None, None)
     meta.derived[(SEQLEN_MAX, rows.device)] = torch.empty(1, dtype=torch.uint8, device=rows.device).expand(m)
-    return nested_from_values(rows, offsets, sizes, (r,), env, meta)
+    return nested_from_values(rows, offsets, sizes, (r,), env, meta, shared=True)
 
 
 def _check_holes(rows: Tensor, offsets: Tensor, lengths: Tensor, r: int) -> tuple[Tensor, Tensor]:

@@ -3,6 +3,7 @@
 from padless.tensor import behaviour as _behaviour  # noqa: F401  (registers tensor-behaviour handlers)
 from padless.tensor import fallback as _fallback  # noqa: F401  (lends core the per-sample fallback)
 from padless.tensor import fast_grad as _fast_grad  # noqa: F401  (lends core elementwise ops with grad on rows)
+from padless.tensor import grad_rows as _grad_rows  # noqa: F401  (gradients of intermediates read on their rows)
 from padless.tensor.construct import from_list, from_njt, from_padded, from_values
 from padless.tensor.convert import to_njt, to_padded, unbind_samples, valid_mask
 from padless.tensor.core import NestedTensor, StructureMeta, _rebuild_nested

@@ -117,10 +117,15 @@ def nested_from_values(
     ragged: tuple[int, ...],
     envelope: Sequence,
     meta: StructureMeta | None = None,
+    *,
+    shared: bool = False,
 ) -> NestedTensor:
-    """Build a NestedTensor around ``values``, keeping ``values``' autograd history."""
+    """Build a NestedTensor around ``values``, keeping ``values``' autograd history.
+
+    ``shared``: ``values`` may be held elsewhere (a constructor's argument, which the caller
+    keeps); handlers pass rows they have just computed (see :func:`_with_history`)."""
     if values.requires_grad and torch.is_grad_enabled():
-        return _keep_rows(_apply(_NestedView, values, offsets, sizes, ragged, tuple(envelope), meta), values)
+        return _with_history(values, offsets, sizes, ragged, tuple(envelope), meta, shared)
     return NestedTensor(values, offsets, sizes, ragged, envelope, meta)
 
 
@@ -131,17 +136,46 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
     else:
         sizes, meta, env = static_change(values, like)
     if values.requires_grad and torch.is_grad_enabled():
-        return _keep_rows(_apply(_NestedView, values, like._offsets, sizes, like._ragged, env, meta), values)
+        return _with_history(values, like._offsets, sizes, like._ragged, env, meta, False)
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
 
 
-def _keep_rows(out: NestedTensor, values: Tensor) -> NestedTensor:
-    """Remember the rows ``out`` was built from, with their history: the next op that reads
-    ``out``'s rows (:func:`padless.tensor.core.values_of`) takes them directly, so a chain of
-    row-wise ops is one plain autograd graph with no NestedTensor gradient in between."""
-    if not torch.compiler.is_compiling():
-        out.__dict__["_grad_rows"] = (values, out._values._version)
+ROWS_MARK = "_padless_rows"  # set on a tensor kept as some NestedTensor's rows (see _with_history)
+
+
+def _with_history(values: Tensor, offsets, sizes, ragged, env, meta, shared: bool) -> NestedTensor:
+    """The NestedTensor ``out`` around ``values``, recorded (:class:`_NestedView`), remembering
+    its rows with their history: the next op that reads ``out``'s rows
+    (:func:`padless.tensor.core.values_of`) takes them directly, so a chain of row-wise ops
+    is one plain autograd graph with no NestedTensor gradient in between.
+
+    Those consumers are then not recorded on ``out``; the gradient *of* ``out`` (asked for by
+    ``torch.autograd.grad(..., [out])``, ``backward(inputs=[out])``, ``out.retain_grad()``,
+    ``out.register_hook``) is read on its rows instead (:mod:`padless.tensor.grad_rows`).
+    That is exact only if nothing but ``out`` holds those rows: everything that reaches them
+    passes through ``out`` (its recorded view, or a consumer that took them from ``out``).
+    Rows just computed by a handler are such (a new tensor with a new autograd node); a leaf,
+    a constructor's argument (``shared``) or rows another NestedTensor already keeps (a handler
+    that hands its input's rows back unchanged) are first seen through a view of their own."""
+    if torch.compiler.is_compiling():
+        return _apply(_NestedView, values, offsets, sizes, ragged, env, meta)
+    mark = getattr(values, "__dict__", None)
+    if shared or values.is_leaf or mark is None or ROWS_MARK in mark:
+        values = values.view_as(values)
+        mark = values.__dict__
+    mark[ROWS_MARK] = True
+    out = _apply(_NestedView, values, offsets, sizes, ragged, env, meta)
+    out.__dict__["_grad_rows"] = (values, out._values._version)
     return out
+
+
+def kept_rows(nt: NestedTensor) -> Tensor | None:
+    """The rows ``nt`` remembers (:func:`_with_history`), when they still are its rows (not
+    written in place since); None otherwise."""
+    hit = nt.__dict__.get("_grad_rows")
+    if hit is None or hit[1] != nt._values._version:
+        return None
+    return hit[0]
 
 
 @lend("guard_broadcast")  # NestedTensor.__torch_function__ calls it; core cannot import this module

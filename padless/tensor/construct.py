@@ -547,7 +547,7 @@ def from_values(
     meta = StructureMeta(host_sizes, host_offsets)
     offsets_dev = offsets.to(dev, torch.int64)
     sizes_dev = sizes.to(dev)
-    return mark_dynamic(nested_from_values(values, offsets_dev, sizes_dev, ragged, env, meta))
+    return mark_dynamic(nested_from_values(values, offsets_dev, sizes_dev, ragged, env, meta, shared=True))
 
 
 # ---------------------------------------------------------------------------- torch.nested interop

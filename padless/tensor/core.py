@@ -86,6 +86,7 @@ _pointwise_with_grad: Callable | None = None  # padless.tensor.fast_grad.pointwi
 _per_sample: Callable | None = None  # padless.tensor.fallback.per_sample
 _per_sample_function: Callable | None = None  # padless.tensor.fallback.per_sample_function
 _unbind_samples: Callable | None = None  # padless.tensor.convert.unbind_samples
+_grad_through_rows: Callable | None = None  # padless.tensor.grad_rows.grad_through_rows
 
 
 def _borrow(name: str) -> Callable:
@@ -229,6 +230,10 @@ class NestedTensor(Tensor):
             # per sample; re-running ``backward`` per sample is wrong). Only this hop is skipped:
             # Python backward code (custom Functions, hooks) still sees NestedTensors at torch
             # level; before torch 2.12 (no one-hop skip) the whole call runs below it.
+            # Intermediates among ``inputs`` are answered on their rows (tensor.grad_rows).
+            through = (_grad_through_rows or _borrow("grad_through_rows"))(func, args, kwargs)
+            if through is not NotImplemented:
+                return through
             if _SKIP_ONE_HOP is not None:
                 return _SKIP_ONE_HOP(func, types, args, kwargs)
             with torch._C.DisableTorchFunctionSubclass():
@@ -519,7 +524,7 @@ def values_of(nt: NestedTensor) -> Tensor:
     if nt.requires_grad and torch.is_grad_enabled():
         hit = nt.__dict__.get("_grad_rows")  # its rows, unchanged, nobody watching nt's gradient
         if hit is not None and hit[1] == nt._values._version and not nt.retains_grad and not nt._backward_hooks:
-            return hit[0]  # (tensor.autograd._keep_rows)
+            return hit[0]  # (tensor.autograd._with_history)
         return _apply(_ValuesView, nt)
     return nt._values
 

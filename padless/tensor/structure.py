@@ -348,16 +348,19 @@ def handed_out(meta: StructureMeta, name: str, src: Tensor) -> Tensor:
     """
     if _is_traced(src):
         return src
-    if src.is_inference():  # no version counter to watch: a fresh copy each call
+    if src.is_inference():  # built inside inference_mode: no version counter to watch, a fresh copy each call
         return src.clone()
     key = ("handed_out", name)
     d = meta.derived
     hit = d.get(key)
     if hit is not None and hit[0] is src and hit[1]._version == hit[2]:
         return hit[1]
-    if src.device.type == "cpu" and src.is_pinned():  # a pinned batch's host metadata stays pinned
-        out = torch.empty_like(src, pin_memory=True).copy_(src)
-    else:
-        out = src.clone()
+    # Under inference_mode a copy would be an inference tensor, which has no version counter
+    # to watch: the copy is made as a normal tensor (the batch was built outside the block).
+    with torch.inference_mode(False):
+        if src.device.type == "cpu" and src.is_pinned():  # a pinned batch's host metadata stays pinned
+            out = torch.empty_like(src, pin_memory=True).copy_(src)
+        else:
+            out = src.clone()
     d[key] = (src, out, out._version)
     return out

@@ -1,5 +1,5 @@
 """Elementwise ops with a gradient on the packed rows (padless.tensor.fast_grad) and the rows a
-NestedTensor remembers from the op that built it (tensor.autograd._keep_rows): gradients
+NestedTensor remembers from the op that built it (tensor.autograd._with_history): gradients
 against the dense computation on each sample, including the cases that must not take the
 shortcut (an in-place write in between, a retained gradient, a hook)."""
 

@@ -161,6 +161,9 @@ def read_rows(opname: object, d: Tensor, ref: NestedTensor, aligned: Sequence[in
             f"the NestedTensor has {ref.batch_size} samples"
         )
     cacheable = not (d.requires_grad and torch.is_grad_enabled()) and not _is_traced(d) and not _is_traced(ref._values)
+    # an inference tensor has no version counter (a write to it could not be seen), and rows read
+    # under inference_mode are inference tensors: both are read afresh, never cached
+    cacheable = cacheable and not torch.is_inference_mode_enabled() and not d.is_inference()
     if cacheable:
         stamp = (d._version, tuple(aligned), ref._ragged, ref.sample_dim)
         hit = _read_cache(ref).get(id(d))

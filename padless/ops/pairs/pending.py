@@ -44,7 +44,8 @@ the softmax's input instead and hands its gradient to the recorded ops. ``torch.
 q, k^T, alpha=c)`` on NestedTensors is ``matmul``, a scale and a sum here (:func:`baddbmm`),
 so it takes the same path. Not deferred: under
 autocast (its casts sit between the ops) and under ``torch.compile`` (the bucketed path is
-eager only). ``ENABLED = False`` turns deferral off (A/B timing).
+eager only), and under ``torch.inference_mode()`` (a recipe is guarded by the version
+counters of what entered it, and inference tensors have none). ``ENABLED = False`` turns deferral off (A/B timing).
 """
 
 from __future__ import annotations
@@ -393,11 +394,13 @@ ENABLED = True
 def deferrable(plan: _Plan | None, out: str, vals: Sequence[Tensor]) -> bool:
     """Whether a bucketed contraction's result is returned pending: two operands with
     gradients of the same form, the result's last dim ragged (scores over keys), no
-    autocast (its casts sit between the ops), no operand pending itself."""
+    autocast (its casts sit between the ops), no inference mode (no version counters to
+    guard the recipe), no operand pending itself."""
     return (ENABLED and plan is not None and plan.grad_equations is not None and len(vals) == 2
             and bool(plan.out_ragged) and plan.out_ragged[-1] == len(out) - 1
             and not any(isinstance(v, Pending) for v in vals)
             and not torch.is_autocast_enabled(vals[0].device.type)
+            and not torch.is_inference_mode_enabled()
             and vals[0].dtype == vals[1].dtype and vals[0].is_floating_point())
 
 

@@ -1,0 +1,163 @@
+"""The gradient of an intermediate NestedTensor whose consumers read its rows directly.
+
+A NestedTensor ``y`` built from rows with history remembers them
+(:func:`padless.tensor.autograd._with_history`), and the row-wise ops that consume ``y``
+(``y.cos()``, ``y * 2``, ``lin(y)``) take those rows directly: autograd records plain tensor
+ops on them, not an op on ``y``. Nothing reaches those rows except through ``y``, so the
+gradient of ``y`` *is* the gradient of its rows, in ``y``'s structure. The four ways of asking
+for it are answered on the rows::
+
+    y = x * 2                                  rows r = x.rows * 2, y = NestedTensor(r)
+    out = y.cos().sum()                        cos recorded on r (not on y)
+    torch.autograd.grad(out, [y])              -> NestedTensor(grad of r, y's structure)
+    out.backward(inputs=[y])                   -> y.grad, the same
+    y.retain_grad(); out.backward()            -> y.grad, the same (a hook on r)
+    y.register_hook(fn)                        -> fn(NestedTensor(grad of r)); may return a new one
+
+Once ``y`` was written in place its rows are no longer remembered (their version moved) and
+every consumer is recorded on ``y`` itself, as for any tensor: the calls above then go to torch
+unchanged. A NestedTensor that is a leaf, or built without history, never takes this path.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+import weakref
+from typing import Any, Callable
+
+import torch
+from torch import Tensor
+
+from padless.tensor.autograd import _grad_values, kept_rows, nested_from_values, values_of
+from padless.tensor.core import NestedTensor
+from padless.tensor.registry import implements, lend
+
+_GRAD = inspect.signature(torch.autograd.grad)
+_BACKWARD = inspect.signature(torch.autograd.backward)
+_TENSOR_BACKWARD = inspect.signature(torch.Tensor.backward)
+_RETAINS = "_padless_retains_grad"  # set on y when its gradient is retained on its rows
+
+
+def _struct(nt: NestedTensor) -> tuple:
+    return nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta
+
+
+def _as_nested(g: Tensor, like: NestedTensor) -> NestedTensor:
+    """The rows' gradient ``g`` as ``like``'s gradient (with its history under ``create_graph``)."""
+    if g.requires_grad and torch.is_grad_enabled():
+        return nested_from_values(g, *_struct(like))
+    return NestedTensor(g, *_struct(like))
+
+
+def _substitute(inputs: Any) -> tuple[list | None, dict[int, NestedTensor]]:
+    """``inputs`` with every NestedTensor that remembers its rows replaced by those rows."""
+    if inputs is None:
+        return None, {}
+    seq = [inputs] if isinstance(inputs, Tensor) else list(inputs)
+    swapped = {}
+    for i, t in enumerate(seq):
+        if isinstance(t, NestedTensor) and t.requires_grad:
+            rows = kept_rows(t)
+            if rows is not None:
+                swapped[i] = t
+                seq[i] = rows
+    return seq, swapped
+
+
+@lend("grad_through_rows")
+def grad_through_rows(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``torch.autograd.grad`` / ``backward`` with intermediate NestedTensors among ``inputs``
+    (module docstring); ``NotImplemented`` when none of them remembers its rows."""
+    sig = _GRAD if func is torch.autograd.grad else _BACKWARD if func is torch.autograd.backward else _TENSOR_BACKWARD
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError:
+        return NotImplemented  # torch names the mistake
+    inputs, swapped = _substitute(bound.arguments.get("inputs"))
+    if not swapped:
+        return NotImplemented
+    if func is torch.autograd.grad:
+        if bound.arguments.get("is_grads_batched"):
+            return NotImplemented
+        bound.arguments["inputs"] = inputs
+        grads = list(func(*bound.args, **bound.kwargs))
+        for i, nt in swapped.items():
+            if grads[i] is not None:
+                grads[i] = _as_nested(grads[i], nt)
+        return tuple(grads)
+    # backward(inputs=...): the rows' .grad is filled, then moved onto the NestedTensor
+    rows = {i: inputs[i] for i in swapped}
+    before = {i: _grad_of(r) for i, r in rows.items()}
+    for r in rows.values():
+        r.grad = None
+    bound.arguments["inputs"] = inputs
+    func(*bound.args, **bound.kwargs)
+    for i, nt in swapped.items():
+        g, rows[i].grad = _grad_of(rows[i]), before[i]
+        if g is not None:
+            _accumulate(nt, g)
+    return None
+
+
+def _grad_of(nt: Tensor) -> Tensor | None:
+    """``nt.grad`` without torch's warning about reading a non-leaf's unset gradient (the
+    gradient is retained here, on the rows, which torch does not know)."""
+    with warnings.catch_warnings(), torch._C.DisableTorchFunctionSubclass():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.Tensor.grad.__get__(nt)
+
+
+def _accumulate(nt: NestedTensor, g: Tensor) -> None:
+    """``nt.grad += g`` (rows ``g``), as torch accumulates into a retained gradient."""
+    new = _as_nested(g, nt)
+    old = _grad_of(nt)
+    nt.grad = new if old is None else old + new
+
+
+@implements(torch.Tensor.retain_grad, accepts="NestedTensor (an intermediate's gradient is kept from its rows)")
+def retain_grad(func, nt: NestedTensor) -> None:
+    rows = kept_rows(nt) if isinstance(nt, NestedTensor) and nt.requires_grad and not nt.is_leaf else None
+    if rows is None:
+        return func(nt)
+    if nt.__dict__.get(_RETAINS):
+        return None
+    ref = weakref.ref(nt)
+
+    def keep(g: Tensor) -> None:
+        y = ref()
+        if y is not None:
+            _accumulate(y, g.clone())
+
+    rows.register_hook(keep)
+    nt.__dict__[_RETAINS] = True
+    return None
+
+
+@implements(torch.Tensor.retains_grad.__get__, accepts="NestedTensor")
+def retains_grad(func, nt: NestedTensor) -> bool:
+    return bool(nt.__dict__.get(_RETAINS)) or func(nt)
+
+
+@implements(torch.Tensor.grad.__get__, accepts="NestedTensor")
+def grad(func, nt: NestedTensor) -> Tensor | None:
+    return _grad_of(nt) if nt.__dict__.get(_RETAINS) else func(nt)
+
+
+@implements(torch.Tensor.register_hook, accepts="NestedTensor, a hook taking and returning a NestedTensor gradient")
+def register_hook(func, nt: NestedTensor, hook: Callable):
+    rows = kept_rows(nt) if isinstance(nt, NestedTensor) and nt.requires_grad and not nt.is_leaf else None
+    if rows is None:
+        return func(nt, hook)
+    ref = weakref.ref(nt)
+
+    def on_rows(g: Tensor):
+        y = ref()
+        if y is None:
+            return None
+        out = hook(_as_nested(g, y))
+        if out is None:
+            return None
+        return values_of(out) if isinstance(out, NestedTensor) else _grad_values(out)
+
+    return rows.register_hook(on_rows)
