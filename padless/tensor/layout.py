@@ -11,12 +11,12 @@ code builds host metadata in eager mode and traces under ``torch.compile``.
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Sequence
 
 import torch
 from torch import Tensor
+
+from padless.tensor.lru import LRU, MiB
 
 
 def storage_order(ndim: int, ragged: Sequence[int]) -> tuple[int, ...]:
@@ -74,10 +74,8 @@ def row_sample_ids(offsets: Tensor, total: int | torch.SymInt) -> Tensor:
 # reads all start from these coordinates. Keyed by the ragged extents themselves (a few bytes),
 # so a new structure with the same rows costs a lookup instead of a division and a remainder
 # per ragged dim over every row. Results are shared: callers never write them in place.
-_COORDS: collections.OrderedDict = collections.OrderedDict()
-COORDS_CACHE_ELEMENTS = 1 << 24  # host int64 elements held, all entries together (128 MiB)
-_coords_elements = [0]
-_COORDS_LOCK = threading.Lock()
+_COORDS = LRU("row_coords", max_entries=256, max_bytes=128 * MiB,
+              what="per row: sample id and ragged coordinates, by the ragged extents and offsets (host bytes)")
 
 
 def _coords_key(sizes: Tensor, offsets: Tensor, ragged: Sequence[int], total) -> tuple | None:
@@ -92,27 +90,17 @@ def row_coords(
 ) -> tuple[Tensor, list[Tensor]]:
     """Per row: its sample id and its coordinate along each ragged dim (storage order).
 
-    For host metadata the result is cached by content (the last few distinct batches' rows)
-    and shared between callers, who must not write it in place."""
+    For host metadata the result is cached by content (the row-coordinate cache: at most 256
+    distinct batches' rows and 128 MiB, least recently used first) and shared between callers,
+    who must not write it in place."""
     key = _coords_key(sizes, offsets, ragged, total)
     if key is not None:
-        with _COORDS_LOCK:
-            hit = _COORDS.get(key)
-            if hit is not None:
-                _COORDS.move_to_end(key)
-                return hit[0], list(hit[1])
+        hit = _COORDS.get(key)
+        if hit is not None:
+            return hit[0], list(hit[1])
     sid, coords = _row_coords(sizes, offsets, ragged, total)
-    n = sid.numel() * (1 + len(coords))
-    if key is not None and n <= COORDS_CACHE_ELEMENTS // 4:
-        with _COORDS_LOCK:
-            old = _COORDS.pop(key, None)
-            if old is not None:
-                _coords_elements[0] -= old[0].numel() * (1 + len(old[1]))
-            _COORDS[key] = (sid, tuple(coords))
-            _coords_elements[0] += n
-            while _coords_elements[0] > COORDS_CACHE_ELEMENTS and _COORDS:
-                _, (s0, c0) = _COORDS.popitem(last=False)
-                _coords_elements[0] -= s0.numel() * (1 + len(c0))
+    if key is not None:
+        _COORDS.put(key, (sid, tuple(coords)))
     return sid, coords
 
 

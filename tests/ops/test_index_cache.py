@@ -36,18 +36,29 @@ def test_row_coords_by_content_equal_to_fresh_and_shared():
     assert not torch.equal(c01[1], c10[0])
 
 
-def test_row_coords_cache_is_bounded(monkeypatch):
+def test_row_coords_cache_is_bounded_by_bytes(monkeypatch):
     layout._COORDS.clear()
-    layout._coords_elements[0] = 0
-    monkeypatch.setattr(layout, "COORDS_CACHE_ELEMENTS", 400)
+    monkeypatch.setattr(layout._COORDS, "max_bytes", 8000)
     for n in range(2, 12):
         sizes = torch.tensor([[n], [n + 1]])
         offsets = layout.offsets_from_counts(sizes[:, 0])
         layout.row_coords(sizes, offsets, (0,), int(offsets[-1]))
-    assert layout._coords_elements[0] <= 400
-    assert sum(s.numel() * (1 + len(c)) for s, c in layout._COORDS.values()) == layout._coords_elements[0]
+    assert 0 < layout._COORDS.held_bytes <= 8000
+    assert len(layout._COORDS) < 10
     layout._COORDS.clear()
-    layout._coords_elements[0] = 0
+
+
+def test_row_coords_cache_is_bounded_by_entries():
+    """Tiny batches that never repeat (1,000 collated batches) used to stay under the byte bound
+    and grow the cache without end (+31.8 MiB): the entry bound stops them."""
+    layout._COORDS.clear()
+    for n in range(2 * layout._COORDS.max_entries):
+        sizes = torch.tensor([[n + 1], [2 * n + 1]])
+        offsets = layout.offsets_from_counts(sizes[:, 0])
+        sid, (c,) = layout.row_coords(sizes, offsets, (0,), int(offsets[-1]))
+        assert torch.equal(c, torch.cat([torch.arange(n + 1), torch.arange(2 * n + 1)]))
+    assert len(layout._COORDS) == layout._COORDS.max_entries
+    layout._COORDS.clear()
 
 
 def test_reduction_groups_shared_between_structures_of_one_batch_and_correct():
@@ -69,13 +80,12 @@ def test_reduction_groups_shared_between_structures_of_one_batch_and_correct():
 
 def test_content_cache_is_bounded(monkeypatch):
     content.clear()
-    monkeypatch.setattr(content, "ELEMENTS", 2000)
+    monkeypatch.setattr(content._CACHE, "max_bytes", 40000)
     for k in range(12):
         x = _pairs([k + 2, k + 3], seed=k)
         torch.softmax(x, dim=2)
         x.unsqueeze(2) * x.unsqueeze(1)  # a broadcast plan
-        assert content.held() <= 2000
-    assert content.held() == sum(n for _, n in content._CACHE.values())
+        assert 0 < content.held() <= 40000
     content.clear()
 
 

@@ -8,30 +8,23 @@ well as on the structure: a new structure with the rows of one already seen cost
 not a rebuild of its coordinate arithmetic over every row (for triangle-attention scores of
 four samples of N <= 48, several milliseconds per map).
 
-Least recently used entries go first; the cache is bounded by the elements of the tensors it
-holds (:data:`ELEMENTS`), and a single map larger than a quarter of it is not kept. Entries are
-shared: nobody writes them in place, and they hold tensors and host metadata only (no structure
-object, whose own caches would grow unaccounted). Eager only (traced metadata is never cached).
+Least recently used entries go first; the cache holds at most 256 entries and 128 MiB (keys and
+maps together, :class:`padless.tensor.lru.LRU`), and a single map larger than a quarter of that
+is not kept. Entries are shared: nobody writes them in place, and they hold tensors and host
+metadata only (no structure object, whose own caches would grow unaccounted). Eager only
+(traced metadata is never cached).
 """
 
 from __future__ import annotations
 
-import collections
-import threading
 from typing import Any
 
-from torch import Tensor
-
 from padless.tensor.core import NestedTensor
+from padless.tensor.lru import LRU, MiB
 
-ELEMENTS = 1 << 24
-"""Tensor elements held by all entries together (int64 index maps: 128 MiB)."""
-ENTRIES = 256
-"""Entries held (many tiny maps cost Python objects rather than elements)."""
-
-_CACHE: collections.OrderedDict = collections.OrderedDict()
-_held = [0]
-_LOCK = threading.Lock()  # models run from several threads share the cache
+_CACHE = LRU("content_maps", max_entries=256, max_bytes=128 * MiB,
+             what="index maps and plans (reduction groups, padded reads, broadcast and bucketing plans), "
+                  "by host sizes and offsets and the op's parameters")
 
 
 def structure_key(nt: NestedTensor) -> tuple | None:
@@ -44,52 +37,22 @@ def structure_key(nt: NestedTensor) -> tuple | None:
 
 
 def get(key: tuple) -> Any:
-    with _LOCK:
-        hit = _CACHE.get(key)
-        if hit is None:
-            return None
-        _CACHE.move_to_end(key)
-        return hit[0]
+    return _CACHE.get(key)
 
 
 def get_or_build(key: tuple, build) -> Any:
     """The entry under ``key``, else ``build()``, kept under ``key`` and returned."""
-    out = get(key)
-    if out is None:
-        out = build()
-        put(key, out)
-    return out
+    return _CACHE.get_or_build(key, build)
 
 
 def put(key: tuple, value: Any) -> None:
-    n = _numel(value)
-    if n > ELEMENTS // 4:
-        return  # one huge map would push out everything else: it stays on its structure only
-    with _LOCK:
-        old = _CACHE.pop(key, None)
-        if old is not None:
-            _held[0] -= old[1]
-        _CACHE[key] = (value, n)
-        _held[0] += n
-        while (_held[0] > ELEMENTS or len(_CACHE) > ENTRIES) and _CACHE:
-            _, (_, m) = _CACHE.popitem(last=False)
-            _held[0] -= m
+    _CACHE.put(key, value)
 
 
 def clear() -> None:
-    with _LOCK:
-        _CACHE.clear()
-        _held[0] = 0
+    _CACHE.clear()
 
 
 def held() -> int:
-    """Elements held now."""
-    return _held[0]
-
-
-def _numel(obj) -> int:
-    if isinstance(obj, Tensor):
-        return obj.numel()
-    if isinstance(obj, (tuple, list)):
-        return sum(_numel(o) for o in obj)
-    return 0
+    """Bytes held now."""
+    return _CACHE.held_bytes

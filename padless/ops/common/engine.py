@@ -78,7 +78,7 @@ def dense_to_rows(opname: str, d: Tensor, ref: NestedTensor) -> Tensor:
     return rows.index_select(0, ref.row_sample_ids())
 
 
-@functools.lru_cache(maxsize=None)
+@functools.lru_cache(maxsize=1024)  # keyed by (rank, ragged dims): a few entries in practice
 def _trailing_static(ndim: int, ragged: tuple[int, ...]) -> int:
     """How many trailing sample dims are static (they are the trailing dims of values)."""
     return ndim - 1 - max(ragged) if ragged else ndim

@@ -18,6 +18,7 @@ from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced, envelope_from_sizes
 from padless.tensor.errors import StructureError
+from padless.tensor.lru import LRU, MiB
 
 
 def host_structure(nt: NestedTensor, op: str) -> tuple[Tensor, Tensor]:
@@ -128,24 +129,21 @@ def _is_extent(entry: Any, extent: Any, guard: bool) -> bool:
 
 # match_target's answers for plain-int targets and envelopes: a model reshapes the same way at
 # every layer (``q.view(B, -1, H, D)``), so the search runs once per (target, envelope) pair
-_MATCHED: dict[tuple, tuple[DimSpec, ...]] = {}
-_MATCHED_MAX = 4096
+_MATCHED = LRU("reshape_targets", max_entries=4096, max_bytes=16 * MiB,
+               what="reshape/view answers, by (batch size, ragged dims, envelope, target) as plain ints")
 
 
 def match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     """New sample dims for ``reshape``/``view`` (see :func:`padless.ops.rows.shape.reshape` for the rule)."""
-    key = (nt._sizes.shape[0], nt._ragged, nt._env, tuple(target))
-    try:
-        hit = _MATCHED.get(key)
-    except TypeError:  # a symbolic extent (unhashable): search every time
-        return _match_target(nt, target, op)
+    b = nt._sizes.shape[0]
+    if type(b) is not int or any(not isinstance(e, int) or isinstance(e, bool) for e in (*nt._env, *target)):
+        return _match_target(nt, target, op)  # a symbolic extent: search every time
+    # plain ints in the key: an Extent read from x.shape would keep its batch's structure alive
+    key = (b, nt._ragged, tuple(int(e) for e in nt._env), tuple(int(t) for t in target))
+    hit = _MATCHED.get(key)
     if hit is None:
-        dims = _match_target(nt, target, op)
-        if type(key[0]) is not int or any(type(e) is not int for e in (*nt._env, *target)):
-            return dims
-        if len(_MATCHED) >= _MATCHED_MAX:
-            _MATCHED.clear()
-        hit = _MATCHED[key] = tuple(dims)
+        hit = tuple(_match_target(nt, target, op))
+        _MATCHED.put(key, hit)
     return list(hit)
 
 

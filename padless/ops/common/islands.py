@@ -8,25 +8,23 @@ finds every plan the eager handler cached on it."""
 
 from __future__ import annotations
 
-import collections
-import threading
-from typing import Any, Sequence
+from typing import Sequence
 
 from torch import Tensor
 
 from padless.tensor.autograd import nested_from_values
 from padless.tensor.core import NestedTensor, StructureMeta
+from padless.tensor.lru import LRU, MiB
 from padless.tensor.structure import envelope_from_sizes
 
 TRACED_SOFTMAX: list = []
 """``fn(nt, dim, log) -> NestedTensor | None`` asked first for a softmax along a ragged dim of a
 traced NestedTensor with several ragged dims (registered by :mod:`padless.ops.pairs.traced`)."""
 
-LIMIT = 64
-"""Structures kept (LRU)."""
-
-_METAS: "collections.OrderedDict[Any, StructureMeta]" = collections.OrderedDict()
-_LOCK = threading.Lock()
+_METAS = LRU("island_structures", max_entries=64, max_bytes=64 * MiB,
+              what="structures rebuilt inside compiled opaque ops, by host sizes and offsets (bytes counted "
+                   "when kept: host metadata; each structure's own caches are bounded per structure)")
+"""Structures kept (LRU: 64 entries, 64 MiB of keys and host metadata)."""
 
 
 def rebuilt(v: Tensor, offsets: Tensor, sizes: Tensor, ragged: Sequence[int], hs: Tensor, ho: Tensor) -> NestedTensor:
@@ -34,12 +32,8 @@ def rebuilt(v: Tensor, offsets: Tensor, sizes: Tensor, ragged: Sequence[int], hs
     ``hs``/``ho`` (CPU int64), sharing its structure with earlier rebuilds of the same sizes."""
     ragged = tuple(ragged)
     key = (ragged, hs.numpy().tobytes(), tuple(hs.shape), ho.numpy().tobytes(), v.device)
-    with _LOCK:
-        meta = _METAS.get(key)
-        if meta is None:
-            meta = _METAS[key] = StructureMeta(hs, ho)
-            if len(_METAS) > LIMIT:
-                _METAS.popitem(last=False)
-        else:
-            _METAS.move_to_end(key)
+    meta = _METAS.get(key)
+    if meta is None:
+        meta = StructureMeta(hs, ho)
+        _METAS.put(key, meta)
     return nested_from_values(v, offsets, sizes, ragged, envelope_from_sizes(hs, ragged, v.shape[1:]), meta)

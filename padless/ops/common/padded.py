@@ -13,9 +13,10 @@ operand ``d``::
     index       [0, 1, 6, 7, 8]   one gather into d viewed as (B * 3, 1), cached per structure
 
 The gradient of the read is the gather's: it scatters back, zeros at padded positions.
-The rows read from an operand that needs no gradient are kept on the structure (at most a
-few per structure, never served once the operand is freed or changed in place): a table built once
-per forward, such as rotary cos/sin, is gathered once rather than by every layer and backward.
+Only the index is cached (it depends on the structure alone, which never changes); the values
+are gathered at every read. A dense operand is the user's to write, and some writes move no
+version counter (``p.data.copy_(...)``, ``p.data = new``, ``vector_to_parameters``, an EMA
+update through ``.data``), so rows kept from an earlier read could be served stale.
 Extent 1 broadcasts as before; any other extent is refused as before. The batch dim may be
 B (per sample) or 1 (shared). ``padded_reads(strict=True)`` (or ``PADLESS_STRICT_PADDED=1``
 in the environment) refuses every such read with an error naming the op and the operand's
@@ -27,7 +28,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
-import weakref
 from typing import Iterator, Sequence
 
 import torch
@@ -160,49 +160,12 @@ def read_rows(opname: object, d: Tensor, ref: NestedTensor, aligned: Sequence[in
             f"{opname}(): a dense operand of shape {tuple(d.shape)} has {b} entries on the batch dim, "
             f"the NestedTensor has {ref.batch_size} samples"
         )
-    cacheable = not (d.requires_grad and torch.is_grad_enabled()) and not _is_traced(d) and not _is_traced(ref._values)
-    # an inference tensor has no version counter (a write to it could not be seen), and rows read
-    # under inference_mode are inference tensors: both are read afresh, never cached
-    cacheable = cacheable and not torch.is_inference_mode_enabled() and not d.is_inference()
-    if cacheable:
-        stamp = (d._version, tuple(aligned), ref._ragged, ref.sample_dim)
-        hit = _read_cache(ref).get(id(d))
-        if hit is not None and hit[0]() is d and hit[1] == stamp and hit[2]._version == hit[3]:
-            return hit[2]
     ragged = ref._ragged
     static = layout.static_dims(ref.sample_dim, ragged)
     grid = d.reshape(tuple(aligned)).permute(0, *[1 + r for r in ragged], *[1 + s for s in static])
     grid = grid.reshape(-1, *[aligned[1 + s] for s in static])
     ext = tuple(aligned[1 + r] if _is_traced(ref._values) else int(aligned[1 + r]) for r in ragged)
-    rows = grid.index_select(0, read_index(ref, b != 1, ext))
-    if cacheable:
-        _remember(ref, d, stamp, rows)
-    return rows
-
-
-# Rows read from dense operands that need no gradient, per structure: a table built once per
-# forward (rotary cos/sin, an ALiBi or bias table) is read by every layer, forward and backward,
-# and each read after the first is a lookup. Keyed by the operand's identity (checked through a
-# weak reference) and its version counter, so an in-place change of the table reads it again;
-# the rows' own version counter is checked too (``d.expand_as(nt)`` hands out a view of them,
-# which a caller may write in place).
-_READ_CACHE_SIZE = 8
-
-
-def _read_cache(ref: NestedTensor) -> dict:
-    cache = ref._meta.derived.get("padded_read_rows")
-    if cache is None:
-        cache = ref._meta.derived["padded_read_rows"] = {}
-    return cache
-
-
-def _remember(ref: NestedTensor, d: Tensor, stamp: tuple, rows: Tensor) -> None:
-    cache = _read_cache(ref)
-    for k in [k for k, v in cache.items() if v[0]() is None]:
-        del cache[k]  # operands freed since: their rows go too
-    while len(cache) >= _READ_CACHE_SIZE:
-        del cache[next(iter(cache))]
-    cache[id(d)] = (weakref.ref(d), stamp, rows, rows._version)
+    return grid.index_select(0, read_index(ref, b != 1, ext))
 
 
 def as_nested(opname: object, d: Tensor, ref: NestedTensor) -> NestedTensor | None:

@@ -48,7 +48,6 @@ class _Plan:
     out_ragged: tuple[int, ...]
     out_static: tuple[int, ...]
     structure: tuple  # (offsets, sizes, env, meta) of the result
-    keep: tuple  # the partners' metadata, kept alive so the cache key's ids stay theirs
     out_rows: int = 0  # rows of the result
     softmax_letters: tuple[str, ...] = ()  # per operand: its last ragged letter (storage order), or ""
     groups: tuple = ()  # per bucket: its samples, in slot order

@@ -49,7 +49,6 @@ computes them.
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import math
 from typing import Sequence
@@ -57,7 +56,7 @@ from typing import Sequence
 import torch
 from torch import Tensor
 
-from padless.ops.common import content, sample_views
+from padless.ops.common import content, partners, sample_views
 from padless.ops.common.amp import autocast_inputs
 from padless.ops.kernels.layout import MAX_BUCKETS, gather_rows, padding_maps, size_buckets
 from padless.ops.pairs import pending
@@ -366,7 +365,7 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     splits = [[b_ - a_ for a_, b_ in zip(st[:-1], st[1:])] for st in starts]
     return _Plan(equation, per_bucket, pads, packs, splits, flat, views, out_perm, out_shapes,
                  _grad_equations(ins, out, operands), out_ragged,
-                 out_static, structure, tuple(o._meta for o in operands[1:]), int(out_ho[-1]),
+                 out_static, structure, int(out_ho[-1]),
                  tuple(s[o._ragged[-1]] if o._ragged else "" for s, o in zip(ins, operands)),
                  tuple(tuple(ids) for ids in groups))
 
@@ -413,19 +412,20 @@ class LazyMaps:
 
 
 PLAN_CACHE_SIZE = 16
-"""Plans one structure keeps for its latest contraction partners and equations (LRU)."""
+"""Plans one structure keeps for its latest contraction partners and equations (LRU; the
+partners are referenced weakly, see :mod:`padless.ops.common.partners`)."""
+
+_MISS = object()
 
 
 def _plan(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> _Plan | None:
-    key = ("bucketed", tuple(ins), out, tuple(id(o._meta) for o in operands[1:]), operands[0]._values.device)
-    cache = operands[0]._meta.derived.setdefault("bucketed_plans", collections.OrderedDict())
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
+    key = (tuple(ins), out, operands[0]._values.device)
+    others = [o._meta for o in operands[1:]]
+    hit = partners.get(operands[0]._meta, "bucketed_plans", key, others, _MISS)
+    if hit is not _MISS:
+        return hit  # None: this contraction declined the buckets
     plan = _by_content(_content_key(ins, out, operands), operands, lambda: _build(ins, out, operands))
-    cache[key] = plan
-    while len(cache) > PLAN_CACHE_SIZE:
-        cache.popitem(last=False)
+    partners.put(operands[0]._meta, "bucketed_plans", key, others, plan, PLAN_CACHE_SIZE)
     return plan
 
 
@@ -466,13 +466,12 @@ def _content_key(ins: Sequence[str], out: str, operands: Sequence[NestedTensor])
 def _own_copy(plan: _Plan | None, operands: Sequence[NestedTensor]) -> _Plan | None:
     """``plan`` for one structure: its index maps shared, its own result metadata object (the
     content cache holds no structure object, whose caches would grow unaccounted), its own
-    derived-buffer cache, and the partners' metadata kept alive for the structure's cache key."""
+    derived-buffer cache (the partners are referenced weakly by the structure's cache key)."""
     if plan is None:
         return None
     offsets, sizes, env, meta = plan.structure
     host = meta if isinstance(meta, tuple) else (meta.host_sizes, meta.host_offsets)
-    return dataclasses.replace(plan, structure=(offsets, sizes, env, StructureMeta(*host)),
-                               keep=tuple(o._meta for o in operands[1:]), cache={})
+    return dataclasses.replace(plan, structure=(offsets, sizes, env, StructureMeta(*host)), cache={})
 
 
 def _shared(plan: _Plan | None) -> tuple:
@@ -481,8 +480,7 @@ def _shared(plan: _Plan | None) -> tuple:
     if plan is None:
         return (None,)
     offsets, sizes, env, meta = plan.structure
-    shared = dataclasses.replace(plan, structure=(offsets, sizes, env, (meta.host_sizes, meta.host_offsets)),
-                                 keep=(), cache={})
+    shared = dataclasses.replace(plan, structure=(offsets, sizes, env, (meta.host_sizes, meta.host_offsets)), cache={})
     return shared, shared.pads, shared.packs
 
 

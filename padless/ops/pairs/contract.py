@@ -18,13 +18,13 @@
 
 from __future__ import annotations
 
-import collections
 from typing import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 
+from padless.ops.common import partners
 from padless.ops.pairs import bucketed, grouped
 from padless.ops.common.structure import STATIC, call, keep_all, restructure, values_dim
 from padless.tensor import layout
@@ -58,18 +58,16 @@ def per_sample(
     # structure object back, so whatever was derived from it last time (softmax groups,
     # broadcast plans) is reused; a deep stack builds its index maps once per batch, not once
     # per layer, and packs with one cat.
-    key = (tuple(id(o._meta) for o in operands[1:]), out_ragged, tuple(tuple(o.shape) for o in outs))
-    cache = operands[0]._meta.derived.setdefault("per_sample_out", collections.OrderedDict())
-    hit = cache.get(key)
+    key = (out_ragged, tuple(tuple(int(n) for n in o.shape) for o in outs))
+    partners_ = [o._meta for o in operands[1:]]
+    hit = partners.get(operands[0]._meta, "per_sample_out", key, partners_)
     if hit is None:
         res = from_list(outs, ragged_dims=out_ragged, keep_history=True)
-        if res._meta.host_sizes is not None:  # partners' metadata kept alive: their ids stay unique
-            cache[key] = (res._offsets, res._sizes, res._meta, res._ragged, tuple(res._env), tuple(o._meta for o in operands[1:]))
-            while len(cache) > PER_SAMPLE_CACHE_SIZE:  # a long-lived operand meeting new partners
-                cache.popitem(last=False)
+        if res._meta.host_sizes is not None:
+            partners.put(operands[0]._meta, "per_sample_out", key, partners_,
+                         (res._offsets, res._sizes, res._meta, res._ragged, tuple(res._env)), PER_SAMPLE_CACHE_SIZE)
         return res
-    cache.move_to_end(key)
-    offsets, sizes, meta, ragged, env, _ = hit
+    offsets, sizes, meta, ragged, env = hit
     order = layout.storage_order(outs[0].dim(), ragged)
     static = [env[d] for d in order[len(ragged):]]
     rows = [o.permute(order).reshape(-1, *static) for o in outs]
@@ -77,7 +75,11 @@ def per_sample(
 
 
 PER_SAMPLE_CACHE_SIZE = 16
-"""Result structures one structure keeps for its latest contraction partners (LRU)."""
+"""Result structures one structure keeps for its latest contraction partners (LRU; the partners
+are referenced weakly, see :mod:`padless.ops.common.partners`)."""
+
+CHECKED_SIZE = 16
+"""Partner sets one structure remembers as checked by :func:`check_contraction` (LRU; weakly)."""
 
 
 def check_contraction(
@@ -92,9 +94,11 @@ def check_contraction(
     runtime data and the per-sample op checks them."""
     if any(_is_traced(o._sizes) for o in operands) or any(o.batch_size != operands[0].batch_size for o in operands):
         return
-    key = ("contraction", tuple(id(o._meta) for o in operands), tuple(tuple(g) for g in dims), ones_broadcast)
-    derived = operands[0]._meta.derived
-    if key in derived:  # checked before for these structures (a deep stack checks once)
+    # checked before for these structures (a deep stack checks once); the partners are held
+    # weakly, so a long-lived operand met by a new structure every step keeps none of them
+    key = (tuple(tuple(g) for g in dims), ones_broadcast)
+    others = [o._meta for o in operands]  # the first operand too: it may appear again as a partner
+    if partners.get(operands[0]._meta, "contraction_checked", key, others) is not None:
         return
     hs = [o.host_sizes() for o in operands]
     for group in dims:
@@ -111,7 +115,7 @@ def check_contraction(
                     f"{op}(): ragged structures differ: sample {i} contracts dims of extents "
                     f"{int(cols[0][i])} and {int(c[i])} (sample shapes {shapes})"
                 )
-    derived[key] = [o._meta for o in operands]  # keeps the metadata alive, so the ids stay theirs
+    partners.put(operands[0]._meta, "contraction_checked", key, others, True, CHECKED_SIZE)
 
 
 def _ragged_set(nt: NestedTensor) -> set[int]:

@@ -22,23 +22,17 @@ Map of ``mb (N_i, 1, 1, N_i)`` onto scores ``(N_i, H, N_i, N_i)`` (``H = 1``, ``
 
 from __future__ import annotations
 
-import collections
-import threading
-from typing import Any
-
 import torch
 from torch import Tensor
 
 from padless.tensor import layout
+from padless.tensor.lru import LRU, MiB
 from padless.tensor.errors import StructureError
 from padless.tensor.traced_checks import mismatch_message
 
-LIMIT_ELEMENTS = 1 << 24
-"""Map entries kept (LRU by content; 16M int64 entries, 128 MiB at most)."""
-
-_MAPS: "collections.OrderedDict[Any, Tensor]" = collections.OrderedDict()
-_SIZE = [0]
-_LOCK = threading.Lock()
+_MAPS = LRU("traced_broadcast_rows", max_entries=256, max_bytes=128 * MiB,
+             what="row maps of broadcasts onto scores inside compiled graphs, by host sizes and offsets")
+"""Maps kept by content (LRU: 256 entries, 128 MiB)."""
 
 
 def _key(*ts: Tensor) -> tuple:
@@ -48,19 +42,11 @@ def _key(*ts: Tensor) -> tuple:
 def _host_map(hs_out: Tensor, ho_out: Tensor, out_ragged: tuple, hs_src: Tensor, ho_src: Tensor,
               src_ragged: tuple, total: int) -> Tensor:
     key = (out_ragged, src_ragged, total, _key(hs_out, ho_out, hs_src, ho_src))
-    with _LOCK:
-        hit = _MAPS.get(key)
-        if hit is not None:
-            _MAPS.move_to_end(key)
-            return hit
+    hit = _MAPS.get(key)
+    if hit is not None:
+        return hit
     idx = layout.broadcast_rows(hs_out, ho_out, out_ragged, hs_src, ho_src, src_ragged, total)
-    with _LOCK:
-        if key not in _MAPS and idx.numel() <= LIMIT_ELEMENTS:
-            _MAPS[key] = idx
-            _SIZE[0] += idx.numel()
-            while _SIZE[0] > LIMIT_ELEMENTS and _MAPS:
-                _, old = _MAPS.popitem(last=False)
-                _SIZE[0] -= old.numel()
+    _MAPS.put(key, idx)
     return idx
 
 

@@ -15,6 +15,7 @@ from padless.ops.common.seq_first import SeqFirstView
 from padless.ops.common.structure import STATIC, keep_all, outer_dim, restructure, sample_dim
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor
+from padless.tensor.lru import LRU, MiB
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
 
@@ -64,16 +65,16 @@ def squeeze(func, nt: NestedTensor, dim=None) -> NestedTensor:
     return _squeeze_dims(nt, which)
 
 
-_PERMUTES: dict[tuple, tuple] = {}  # (ragged, static extents, perm) -> what _permute_samples needs
+_PERMUTES = LRU("permute_plans", max_entries=4096, max_bytes=16 * MiB,
+                what="what a permute of sample dims needs, by (ragged dims, static extents, permutation)")
 
 
 def _permute_samples(nt: NestedTensor, perm: Sequence[int]) -> NestedTensor:
     """Reorder sample dims: new sample dim i is old sample dim perm[i]."""
     key = (nt._ragged, tuple(nt._values.shape[1:]), tuple(perm))
-    try:
-        hit = _PERMUTES.get(key)
-    except TypeError:  # symbolic static extents (traced): worked out every time
-        hit = key = None
+    if not all(type(n) is int for n in key[1]):
+        key = None  # symbolic static extents (traced): worked out every time
+    hit = None if key is None else _PERMUTES.get(key)
     if hit is None:
         old = keep_all(nt)
         new = [old[p] for p in perm]
@@ -83,9 +84,7 @@ def _permute_samples(nt: NestedTensor, perm: Sequence[int]) -> NestedTensor:
         pos = {p: i for i, p in enumerate(perm)}
         hit = (new, vperm, tuple(pos[r] for r in nt._ragged))
         if key is not None and all(type(n) is int for _, n in new):
-            if len(_PERMUTES) >= 4096:
-                _PERMUTES.clear()
-            _PERMUTES[key] = hit
+            _PERMUTES.put(key, hit)
     new, vperm, ragged_order = hit
     vals = values_of(nt)
     if vperm is not None:

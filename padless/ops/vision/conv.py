@@ -51,6 +51,7 @@ from padless.ops.vision.canvas import canvas_of, from_relu, wrap_canvas
 from padless.ops.vision.canvas_ops import CanvasConv, Relay, relay_index
 from padless.tensor.core import NestedTensor, _is_traced
 from padless.tensor.errors import StructureError
+from padless.tensor.lru import LRU, MiB
 from padless.tensor.registry import implements
 
 __all__ = ["conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d"]
@@ -63,7 +64,8 @@ def _dense_params(op: str, x: Any, weight: Any, bias: Any) -> None:
         raise TypeError(f"{op}(): weight and bias must be dense tensors, got a NestedTensor")
 
 
-_VALID: set = set()  # (op, key, geometry) whose arguments passed torch's check on images large enough
+_VALID = LRU("conv_checked_arguments", max_entries=4096, max_bytes=16 * MiB,
+              what="(op, arguments, geometry) whose arguments passed torch's check on images large enough")
 
 
 def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor], Any], key: Any = None) -> None:
@@ -76,12 +78,12 @@ def _validate(op: str, plan: SpatialPlan, channels: int, dense: Callable[[Tensor
     if key is not None:
         if ("valid", op, key) in plan._divisors:
             return
-        if not plan.too_small and (op, key, plan.geometry) in _VALID:  # the arguments were checked on other sizes
+        if not plan.too_small and _VALID.get((op, key, plan.geometry)):  # the arguments were checked on other sizes
             return
         _validate(op, plan, channels, dense)
         plan._divisors[("valid", op, key)] = True
         if not plan.too_small:
-            _VALID.add((op, key, plan.geometry))
+            _VALID.put((op, key, plan.geometry), True)
         return
     err = too_small_error(op, plan, channels, dense)
     if err is not None:
@@ -269,7 +271,7 @@ def canvas_setup(op: str, x: NestedTensor, g: Geometry, channels: int, dense: Ca
         cache.plans[("canvas_out", g)] = info
     outs, ocache, odd, same = info
     if cv is not None and cv[1].fits((pt, pl), g.stride):
-        if odd or (op, key, g) not in _VALID:  # torch's errors (a too-small image, the arguments): the rows path's check
+        if odd or not _VALID.get((op, key, g)):  # torch's errors (a too-small image, the arguments): the rows path's check
             _validate(op, spatial_plan(op, x, g), channels, dense, key=key)
         xc, lay = cv
         gaps = lay.indices(dev)[2]

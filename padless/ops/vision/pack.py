@@ -13,11 +13,11 @@ batch of a few dozen images. A skyline of three placed boxes (heights per column
 from __future__ import annotations
 
 import math
-import threading
 from bisect import bisect_left
-from collections import OrderedDict
 
 import numpy as np
+
+from padless.tensor.lru import LRU, MiB, nbytes
 
 __all__ = ["GridRows", "align_up", "grid_index", "grid_rows", "grid_sources", "pack_boxes", "plane_side", "reuse_plane", "skyline"]
 
@@ -202,6 +202,9 @@ def _skyline(boxes: list[Pair], units: tuple[list[int], list[int]], live: list[i
 REUSE_PLANES = True  # --designs: False = every batch its own plane shape
 REUSE_AREA = 1.15  # a remembered plane is reused for a batch that needs at least 1/1.15 of it
 _PLANES: dict = {}  # layer kind -> the plane shapes used lately, most recent first
+PLANE_KINDS = 256
+"""Layer kinds whose plane shapes are remembered (the oldest kind goes first), each with at most
+32 shapes: a few hundred KiB at most."""
 
 
 def reuse_plane(key, boxes: list[Pair], align: Pair, extent, pos: list[Pair], hc: int, wc: int) -> tuple[list[Pair], int, int]:
@@ -213,7 +216,11 @@ def reuse_plane(key, boxes: list[Pair], align: Pair, extent, pos: list[Pair], hc
     need. Returns the origins and the plane."""
     if not REUSE_PLANES:
         return pos, hc, wc
-    seen = _PLANES.setdefault(key, [])
+    seen = _PLANES.get(key)
+    if seen is None:
+        seen = _PLANES[key] = []
+        while len(_PLANES) > PLANE_KINDS:
+            del _PLANES[next(iter(_PLANES))]
     need = hc * wc
     for k, (h2, w2) in sorted(enumerate(seen), key=lambda t: t[1][0] * t[1][1]):
         if not need <= h2 * w2 <= need * REUSE_AREA:
@@ -336,9 +343,9 @@ class GridRows:
         return src[:total]
 
 
-_GRID_ROWS: "OrderedDict[bytes, GridRows]" = OrderedDict()
-GRID_ROWS_KEPT = 32
-_GRID_ROWS_LOCK = threading.Lock()
+_GRID_ROWS = LRU("grid_rows", max_entries=32, max_bytes=64 * MiB,
+                 what="row structure of image grids, by the grids' sizes (host bytes)",
+                 size=lambda k, v: nbytes((k, v)) + 8 * v.pixels)  # + the arange it may build later
 
 
 def grid_rows(sizes) -> GridRows:
@@ -346,14 +353,8 @@ def grid_rows(sizes) -> GridRows:
     by content: the last few distinct lists of sizes are kept (a network meets each a few times)."""
     arr = sizes.numpy() if hasattr(sizes, "numpy") else np.asarray(sizes, dtype=np.int64)
     key = arr.astype(np.int64, copy=False).tobytes()
-    with _GRID_ROWS_LOCK:
-        hit = _GRID_ROWS.get(key)
-        if hit is not None:
-            _GRID_ROWS.move_to_end(key)
-            return hit
-    hit = GridRows(arr)
-    with _GRID_ROWS_LOCK:
-        _GRID_ROWS[key] = hit
-        while len(_GRID_ROWS) > GRID_ROWS_KEPT:
-            _GRID_ROWS.popitem(last=False)
+    hit = _GRID_ROWS.get(key)
+    if hit is None:
+        hit = GridRows(arr)
+        _GRID_ROWS.put(key, hit)
     return hit

@@ -436,13 +436,9 @@ def images_like(values: Tensor, channels: int, cache: SpatialCache, like: Nested
 
 def _coords(hw: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Row offsets and per-row ``(sample, row, col)`` of images with sizes ``hw`` (the layers of a
-    network meet the same sizes several times: the last few are kept)."""
-    return _coords_of(hw.to(torch.int64).contiguous().numpy().tobytes(), hw.shape[0])  # shared: never written
-
-
-@functools.lru_cache(maxsize=16)
-def _coords_of(key: bytes, b: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    hw = torch.frombuffer(bytearray(key), dtype=torch.int64).view(b, 2)
+    network meet the same sizes several times: the coordinates come from the bounded row-coordinate
+    cache, :func:`padless.tensor.layout.row_coords`; shared, never written)."""
+    hw = hw.to(torch.int64).contiguous()
     off = layout.offsets_from_counts(hw.prod(1))
     sid, (a, r) = layout.row_coords(hw, off, (0, 1), int(off[-1]))
     return off, sid, a, r
