@@ -27,6 +27,51 @@ from padless.tensor.dynamo import _is_traced
 from padless.tensor.errors import StructureError
 
 
+_MISSING = object()
+
+
+def _holds_inference(value: Any, depth: int = 0) -> bool:
+    """Whether ``value`` (a tensor, a container, a plan object) holds an inference tensor."""
+    if isinstance(value, Tensor):
+        return value.is_inference()
+    if depth > 3:
+        return False
+    if isinstance(value, (tuple, list)):
+        return any(_holds_inference(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_inference(v, depth + 1) for v in value.values())
+    fields = getattr(value, "__dict__", None)
+    if fields is None and hasattr(type(value), "__slots__"):
+        fields = {k: getattr(value, k, None) for k in type(value).__slots__ if isinstance(k, str)}
+    return bool(fields) and any(_holds_inference(v, depth + 1) for v in fields.values())
+
+
+class DerivedCache(dict):
+    """``StructureMeta.derived``: a dict that does not keep maps built of inference tensors.
+
+    A map first built inside ``torch.inference_mode()`` (a serving call on a batch built outside
+    it) is made of inference tensors; kept, it would break the next training step on the same
+    batch ("Inference tensors cannot be saved for backward"). Such a map is used once and not
+    kept (it is rebuilt at the next call inside the block); maps built outside the block, and
+    content-cached maps (built outside inference mode, :mod:`padless.ops.common.content`), serve
+    both. Reads are plain ``dict`` reads.
+    """
+
+    __slots__ = ()
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        if torch.is_inference_mode_enabled() and _holds_inference(value):
+            return
+        dict.__setitem__(self, key, value)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        hit = dict.get(self, key, _MISSING)
+        if hit is not _MISSING:
+            return hit
+        self[key] = default
+        return default
+
+
 class StructureMeta:
     """Host metadata shared by every NestedTensor of one structure.
 
@@ -45,7 +90,7 @@ class StructureMeta:
     def __init__(self, host_sizes: Tensor | None = None, host_offsets: Tensor | None = None):
         self.host_sizes = host_sizes
         self.host_offsets = host_offsets
-        self.derived: dict[Any, Any] = {}
+        self.derived: dict[Any, Any] = DerivedCache()
 
 
 # ---------------------------------------------------------------------------- carried maps

@@ -169,3 +169,35 @@ def test_offsets_written_in_inference_mode_leave_the_batch_intact():
         o = x.offsets()
         o.zero_()
         torch.testing.assert_close(x.offsets(), torch.tensor([0, 3, 3, 5]))
+
+
+_TRAINABLE = sorted(n for n in OPS if n not in ("unbind", "offsets", "sizes", "host_offsets", "repr", "mask", "embedding",
+                                                 "collate", "cross_entropy", "add_inplace", "relu_inplace"))
+
+
+@pytest.mark.parametrize("name", _TRAINABLE)
+def test_maps_built_in_inference_mode_serve_a_later_training_step(name):
+    """Index maps are cached by content, across structures: maps first built inside the block
+    (a serving call) must be normal tensors, or the next training step on a batch of the same
+    sizes fails with "Inference tensors cannot be saved for backward"."""
+    build, op = OPS[name]
+    with torch.inference_mode():
+        op(build())
+    x = build().detach().requires_grad_()
+    out = op(x)
+    flat = [t for t in _flat(out) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    sum(t.sum() for t in flat).backward() if flat else None
+    assert x.grad is not None
+
+
+@pytest.mark.parametrize("name", _TRAINABLE)
+def test_a_batch_served_in_inference_mode_can_then_be_trained_on(name):
+    """The same batch object, first used inside the block, then in a training step."""
+    build, op = OPS[name]
+    x = build().detach()
+    with torch.inference_mode():
+        op(x)
+    x.requires_grad_()
+    flat = [t for t in _flat(op(x)) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    sum(t.sum() for t in flat).backward() if flat else None
+    assert x.grad is not None

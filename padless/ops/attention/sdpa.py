@@ -347,10 +347,12 @@ def _bucket_plan(q: NestedTensor, is_causal: bool) -> buckets.Plan | None:
     it; None where one call per sample costs less."""
     width = q._values.shape[1] * q._values.shape[2]
     key = ("attention_buckets", q._values.device, bool(is_causal), width)
-    if key not in q._meta.derived:
-        lengths = q.host_sizes()[:, 1].tolist()
-        q._meta.derived[key] = buckets.plan(lengths, q.host_offsets().tolist(), width, is_causal, q._values.device)
-    return q._meta.derived[key]
+    derived = q._meta.derived
+    if key in derived:
+        return derived[key]
+    lengths = q.host_sizes()[:, 1].tolist()
+    plan = derived[key] = buckets.plan(lengths, q.host_offsets().tolist(), width, is_causal, q._values.device)
+    return plan
 
 
 def _varlen_call(backend, q, k, v, dropout_p, is_causal, scale, enable_gqa) -> Tensor:

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from padless.tensor.core import NestedTensor
 from padless.tensor.lru import LRU, MiB
 
@@ -41,12 +43,18 @@ def get(key: tuple) -> Any:
 
 
 def get_or_build(key: tuple, build) -> Any:
-    """The entry under ``key``, else ``build()``, kept under ``key`` and returned."""
-    return _CACHE.get_or_build(key, build)
+    """The entry under ``key``, else ``build()``, kept under ``key`` and returned. Built outside
+    ``torch.inference_mode()`` even inside the block: entries outlive it, and an inference
+    tensor could not be saved for the backward of a later training step."""
+    with torch.inference_mode(False):
+        return _CACHE.get_or_build(key, build)
 
 
 def put(key: tuple, value: Any) -> None:
-    _CACHE.put(key, value)
+    """Keep ``value`` under ``key``; not under ``torch.inference_mode()``, where it was built of
+    inference tensors that a later training step could not save for its backward."""
+    if not torch.is_inference_mode_enabled():
+        _CACHE.put(key, value)
 
 
 def clear() -> None:

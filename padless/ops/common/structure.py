@@ -156,7 +156,8 @@ def derived_tensor(nt: NestedTensor, key, compute):
         return hit
     traced = _is_traced(nt._values)
     if m.host_sizes is not None and not traced:
-        out = content.get_or_build((key, dev, content.structure_key(nt)),
+        with torch.inference_mode(False):  # a cached map outlives the block: a normal tensor
+            out = content.get_or_build((key, dev, content.structure_key(nt)), 
                                    lambda: _to_device(compute(m.host_sizes, nt.host_offsets()), dev))
         m.derived[full_key] = out
         return out
