@@ -10,7 +10,7 @@ from torch import Tensor
 from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
-from padless.jagged import _torchrec, fx
+from padless.jagged import _regroup, _torchrec, fx
 
 
 class KeyedTensor:
@@ -131,25 +131,18 @@ class KeyedTensor:
     @fx.leaf
     def regroup(keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]]) -> list[Tensor]:
         """One tensor per group: the named keys' blocks, from any of ``keyed_tensors``,
-        concatenated along their key dim (which must agree)."""
-        what = "KeyedTensor.regroup"
-        if not keyed_tensors:
-            raise ValueError(f"{what}: needs at least one KeyedTensor")
-        dims = {kt.key_dim() for kt in keyed_tensors}
-        if len(dims) != 1:
-            raise ValueError(f"{what}: KeyedTensors have different key dims {sorted(dims)}")
-        dim = dims.pop()
-        where: dict[str, KeyedTensor] = {}
-        for kt in keyed_tensors:
-            for k in kt.keys():
-                where.setdefault(k, kt)
-        out = []
-        for g in groups:
-            missing = [k for k in g if k not in where]
-            if missing:
-                raise KeyError(f"{what}: keys {missing} are in no KeyedTensor; available: {list(where)}")
-            out.append(torch.cat([where[k][k] for k in g], dim=dim))
-        return out
+        concatenated along their key dim (which must agree); the groups are views of one
+        buffer, as in TorchRec. An empty group gives a ``(B, 0)`` tensor. A key that a group
+        names and two KeyedTensors hold is refused (TorchRec's regroup functions disagree on
+        which block to take), as are KeyedTensors over different batches. One autograd node:
+        the backward writes each KeyedTensor's gradient as one buffer.
+
+        >>> kt0 = KeyedTensor.from_tensor_list(["a", "b"], [torch.zeros(2, 1), torch.ones(2, 2)])
+        >>> kt1 = KeyedTensor.from_tensor_list(["c"], [torch.full((2, 1), 2.0)])
+        >>> [tuple(t.shape) for t in KeyedTensor.regroup([kt0, kt1], [["c", "a"], [], ["b"]])]
+        [(2, 2), (2, 0), (2, 2)]
+        """
+        return _regroup.regroup("KeyedTensor.regroup", keyed_tensors, groups, one_buffer=True)
 
     @staticmethod
     @fx.leaf
