@@ -11,6 +11,7 @@ from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
 from padless.jagged import _regroup, _torchrec, fx
+from padless.tensor.errors import StructureError
 
 
 class KeyedTensor:
@@ -57,6 +58,11 @@ class KeyedTensor:
         elif not -values.dim() <= key_dim < values.dim():
             raise ValueError(f"{what}: key_dim {key_dim} is out of range for values of shape {tuple(values.shape)}")
         key_dim %= max(values.dim(), key_dim + 1)
+        bad = next((i for i, x in enumerate(lpk) if x < 0), None)
+        if bad is not None:
+            raise StructureError(
+                f"{what}: length_per_key must be >= 0, but key {keys[bad]!r} has {lpk[bad]} (length_per_key {lpk})"
+            )
         if keys and sum(lpk) != values.shape[key_dim]:
             raise ValueError(
                 f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {values.shape[key_dim]} "
@@ -108,7 +114,9 @@ class KeyedTensor:
         return self._offset_per_key
 
     def index_per_key(self) -> dict[str, int]:
+        """``{key: position}``; repeated keys have no one position and are refused, naming the key."""
         if self._index_per_key is None:
+            C.unique_keys("KeyedTensor.index_per_key()", self._keys, "values(), offset_per_key()")
             self._index_per_key = {k: i for i, k in enumerate(self._keys)}
         return self._index_per_key
 
@@ -125,6 +133,8 @@ class KeyedTensor:
         return self._values.narrow(self._key_dim, self._offset_per_key[i], self._length_per_key[i])
 
     def to_dict(self) -> dict[str, Tensor]:
+        if self._index_per_key is None:  # a dict would drop a repeated key silently
+            C.unique_keys("KeyedTensor.to_dict()", self._keys, "values(), offset_per_key()")
         return {k: self[k] for k in self._keys}
 
     @staticmethod
