@@ -20,8 +20,13 @@ separate environment with ``torchrec`` and ``fbgemm-gpu-cpu``):
 KJT construction from lengths, ``from_lengths_sync``, ``to_dict``, ``from_jt_dict``,
 ``concat``, ``permute``, ``split`` and ``to_padded_dense`` of every key. A third table
 times ``regroup_kts`` and ``permute_multi_embedding`` (pooled embeddings of 3 KeyedTensors
-regrouped into 3 groups) against TorchRec's, or a hand-written ``torch.cat`` without it.
-``--types-only`` skips the first table; ``--only TEXT`` keeps the type cases whose name
+regrouped into 3 groups) against TorchRec's, or a hand-written ``torch.cat`` without it. A
+fourth times regrouping forward + backward at TorchRec's own benchmark shape (B=512, a
+KeyedTensor of 20 keys x 64 and one of 20 keys x 128, each key in one of 2 random groups):
+``KeyedTensor.regroup``, ``regroup_kts`` and ``permute_multi_embedding`` against two
+hand-written torch baselines (per-key ``narrow`` + ``cat``; one ``index_select`` over the
+concatenated columns) and TorchRec's where it imports. ``--regroup-only`` runs only the
+regrouping tables (``--device cuda`` on a GPU). ``--types-only`` skips the first table; ``--only TEXT`` keeps the type cases whose name
 contains TEXT; ``--cpu-time`` times with the thread's CPU clock instead of the wall clock
 (on a shared, loaded machine it leaves out the time other processes hold the core).
 """
@@ -54,9 +59,15 @@ def main() -> None:
     ap.add_argument("--types-only", action="store_true", help="only the jagged-types table (vs TorchRec)")
     ap.add_argument("--only", default="", help="jagged-types table: only the cases whose name contains this text")
     ap.add_argument("--cpu-time", action="store_true", help="time with the thread's CPU clock (a loaded machine)")
+    ap.add_argument("--regroup-only", action="store_true", help="only the regrouping tables")
+    ap.add_argument("--device", default="cpu", help="regrouping tables: the device (cpu, cuda)")
     args = ap.parse_args()
     if args.cpu_time:  # the runner reads time.perf_counter(): give it the thread CPU clock
         bench.time = types.SimpleNamespace(perf_counter=time.thread_time)  # type: ignore[attr-defined]
+    if args.regroup_only:
+        torch.set_num_threads(args.threads)
+        regroup_table(args)
+        return
     if args.types_only:
         torch.set_num_threads(args.threads)
         types_table(args)
@@ -239,6 +250,83 @@ def regroup_table(args: argparse.Namespace) -> None:
         f"{[len(g) for g in groups]} keys, {torch.get_num_threads()} thread(s)"
     )
     bench.print_table(rows, "regrouping pooled embeddings (ratio > 1: faster than the baseline)", base["regroup_kts"][0])
+    regroup_backward_table(args)
+
+
+def regroup_backward_table(args: argparse.Namespace) -> None:
+    """Regrouping forward + backward at TorchRec's benchmark shape
+    (``torchrec/sparse/tests/jagged_tensor_benchmark.py``: ``build_kts`` + ``build_groups``)."""
+    import random
+
+    from padless.jagged import KeyedTensor, permute_multi_embedding, regroup_kts
+
+    dev, b, n = args.device, 512, 20
+    torch.manual_seed(5)
+    rng = random.Random(5)
+    leaves = [torch.randn(b, n * w, device=dev, requires_grad=True) for w in (64, 128)]
+    keys = [[f"{name}_{i}" for i in range(n)] for name in ("dense", "sparse")]
+    kts = [KeyedTensor(ks, [w] * n, v) for ks, w, v in zip(keys, (64, 128), leaves)]
+    flat = [k for ks in keys for k in ks]
+    alloc = [rng.randrange(2) for _ in flat]
+    groups = [[k for k, a in zip(flat, alloc) if a == g] for g in range(2)]
+    where = {k: (t, s, w) for t, kt in enumerate(kts) for k, s, w in zip(kt.keys(), kt.offset_per_key(), kt.length_per_key())}
+    base_col = [0, leaves[0].shape[1]]
+    idx = torch.tensor([base_col[where[k][0]] + where[k][1] + j for g in groups for k in g for j in range(where[k][2])], device=dev)
+    widths = [sum(where[k][2] for k in g) for g in groups]
+    upstream = [torch.randn(b, w, device=dev) for w in widths]
+
+    def narrow_cat():
+        return [torch.cat([leaves[where[k][0]].narrow(1, where[k][1], where[k][2]) for k in g], 1) for g in groups]
+
+    def index_select():
+        return list(torch.cat(leaves, 1).index_select(1, idx).split(widths, 1))
+
+    impls = {
+        "torch narrow+cat": narrow_cat,
+        "torch index_select": index_select,
+        "padless KeyedTensor.regroup": lambda: KeyedTensor.regroup(kts, groups),
+        "padless regroup_kts": lambda: regroup_kts(kts, groups),
+        "padless permute_multi_embedding": lambda: permute_multi_embedding(kts, groups),
+    }
+    baseline = "torch narrow+cat"
+    try:
+        from torchrec.sparse import jagged_tensor as trc
+
+        theirs = [kt.to_torchrec() for kt in kts]
+        impls = {
+            "torchrec KeyedTensor.regroup": lambda: trc.KeyedTensor.regroup(theirs, groups),
+            "torchrec regroup_kts": lambda: trc.regroup_kts(theirs, groups),
+            "torchrec permute_multi_embedding": lambda: trc.permute_multi_embedding(theirs, groups),
+            **impls,
+        }
+        baseline = "torchrec KeyedTensor.regroup"
+    except (ImportError, RuntimeError, AttributeError):
+        pass
+
+    def step(f):
+        for v in leaves:
+            v.grad = None
+        torch.autograd.backward(f(), upstream)
+
+    want = None
+    for name, f in impls.items():  # same outputs and gradients everywhere
+        out = [o.detach() for o in f()]
+        step(f)
+        got = out + [v.grad for v in leaves]
+        if want is None:
+            want = got
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
+    clock = time.thread_time if args.cpu_time and dev == "cpu" else time.perf_counter
+    result = bench.interleaved(
+        {name: (lambda f=f: step(f)) for name, f in impls.items()},
+        baseline=baseline, rounds=args.rounds, device=dev, clock=clock,
+    )
+    print(
+        f"\nB={b}, KeyedTensors of {n} keys x 64 and {n} keys x 128, groups of {[len(g) for g in groups]} keys, "
+        f"forward + backward, {dev}, {torch.get_num_threads()} thread(s), load average {os.getloadavg()[0]:.2f}"
+    )
+    bench.print_table(bench.rows_from("regroup fwd+bwd", result), "regrouping forward + backward (ratio > 1: faster than the baseline)", baseline)
 
 
 if __name__ == "__main__":

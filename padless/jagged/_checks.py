@@ -44,6 +44,18 @@ def sample_where(i: int) -> str:
 CHECKED = "<checked>"  # a KJT's ``_pending`` state: structure checked, host bag offsets not computed yet
 
 
+def unique_keys(what: str, keys: Sequence[str], positional: str) -> None:
+    """Raise, naming the first key that repeats: a ``{key: ...}`` view would keep only one."""
+    seen: dict[str, int] = {}
+    for i, k in enumerate(keys):
+        if k in seen:
+            raise StructureError(
+                f"{what}: keys must be unique, but {k!r} is keys[{seen[k]}] and keys[{i}] (keys {list(keys)}); "
+                f"a dict by key would keep only one of them. Rename one, or address the keys by position ({positional})"
+            )
+        seen[k] = i
+
+
 def vbe_stride(spkpr: list[list[int]], inverse_indices: tuple[list[str], Tensor] | None) -> int:
     """A variable-batch KJT's batch size: the inverse indices' width when given (the full
     batch each key's bags are gathered back to), else the largest per-key batch."""

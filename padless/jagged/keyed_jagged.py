@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 from padless.jagged import _checks as C
-from padless.jagged import _torchrec, fx, kjt_combine
+from padless.jagged import _torchrec, fx, kjt_checks, kjt_combine
 from padless.jagged.jagged_tensor import JaggedTensor
 from padless.jagged.kjt_base import KeyedJaggedBase
 
@@ -176,6 +176,8 @@ class KeyedJaggedTensor(KeyedJaggedBase):
 
     def __getitem__(self, key: str) -> JaggedTensor:
         """The JaggedTensor of one key: views of values, weights and lengths (no copy)."""
+        if self._index_per_key is None:  # a repeated key has no one position
+            C.unique_keys(f"KeyedJaggedTensor[{key!r}]", self._keys, kjt_checks.POSITIONAL)
         idx = self.index_per_key().get(key)
         if idx is None:
             raise KeyError(f"KeyedJaggedTensor: no key {key!r}; keys are {self._keys}")
@@ -205,6 +207,7 @@ class KeyedJaggedTensor(KeyedJaggedBase):
             if not keys:
                 self._jt_dict = {}
                 return self._jt_dict
+            C.unique_keys("KeyedJaggedTensor.to_dict()", keys, kjt_checks.POSITIONAL)  # a dict would drop one silently
             h = self._host()  # a host-built KJT: checked now
             lpk = self.length_per_key()
             opk = self.offset_per_key()
@@ -250,7 +253,7 @@ class KeyedJaggedTensor(KeyedJaggedBase):
         """Keys reordered (or repeated, or dropped) as ``[keys[i] for i in indices]``; the
         batch size (``stride()``) is the parent's, as in TorchRec."""
         what = "KeyedJaggedTensor.permute"
-        self.validate()  # reads values through the structure: a fault raises
+        self._readable()  # reads values through the structure: a fault raises
         n = len(self._keys)
         for i in indices:
             if not -n <= int(i) < n:
@@ -306,7 +309,7 @@ class KeyedJaggedTensor(KeyedJaggedBase):
                 f"KeyedJaggedTensor.split: segments {list(segments)} must be >= 0 and sum to the "
                 f"{len(self._keys)} keys"
             )
-        self.validate()  # reads values through the structure: a fault raises
+        self._readable()  # reads values through the structure: a fault raises
         opk = self.offset_per_key()
         lop = self.lengths_offset_per_key()
         variable = self.variable_stride_per_key()

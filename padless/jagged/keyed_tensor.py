@@ -10,7 +10,8 @@ from torch import Tensor
 from torch.fx._pytree import register_pytree_flatten_spec
 
 from padless.jagged import _checks as C
-from padless.jagged import _torchrec, fx
+from padless.jagged import _regroup, _torchrec, fx
+from padless.tensor.errors import StructureError
 
 
 class KeyedTensor:
@@ -57,6 +58,11 @@ class KeyedTensor:
         elif not -values.dim() <= key_dim < values.dim():
             raise ValueError(f"{what}: key_dim {key_dim} is out of range for values of shape {tuple(values.shape)}")
         key_dim %= max(values.dim(), key_dim + 1)
+        bad = next((i for i, x in enumerate(lpk) if x < 0), None)
+        if bad is not None:
+            raise StructureError(
+                f"{what}: length_per_key must be >= 0, but key {keys[bad]!r} has {lpk[bad]} (length_per_key {lpk})"
+            )
         if keys and sum(lpk) != values.shape[key_dim]:
             raise ValueError(
                 f"{what}: length_per_key {lpk} sums to {sum(lpk)} but values has {values.shape[key_dim]} "
@@ -108,7 +114,9 @@ class KeyedTensor:
         return self._offset_per_key
 
     def index_per_key(self) -> dict[str, int]:
+        """``{key: position}``; repeated keys have no one position and are refused, naming the key."""
         if self._index_per_key is None:
+            C.unique_keys("KeyedTensor.index_per_key()", self._keys, "values(), offset_per_key()")
             self._index_per_key = {k: i for i, k in enumerate(self._keys)}
         return self._index_per_key
 
@@ -125,31 +133,26 @@ class KeyedTensor:
         return self._values.narrow(self._key_dim, self._offset_per_key[i], self._length_per_key[i])
 
     def to_dict(self) -> dict[str, Tensor]:
+        if self._index_per_key is None:  # a dict would drop a repeated key silently
+            C.unique_keys("KeyedTensor.to_dict()", self._keys, "values(), offset_per_key()")
         return {k: self[k] for k in self._keys}
 
     @staticmethod
     @fx.leaf
     def regroup(keyed_tensors: Sequence["KeyedTensor"], groups: Sequence[Sequence[str]]) -> list[Tensor]:
         """One tensor per group: the named keys' blocks, from any of ``keyed_tensors``,
-        concatenated along their key dim (which must agree)."""
-        what = "KeyedTensor.regroup"
-        if not keyed_tensors:
-            raise ValueError(f"{what}: needs at least one KeyedTensor")
-        dims = {kt.key_dim() for kt in keyed_tensors}
-        if len(dims) != 1:
-            raise ValueError(f"{what}: KeyedTensors have different key dims {sorted(dims)}")
-        dim = dims.pop()
-        where: dict[str, KeyedTensor] = {}
-        for kt in keyed_tensors:
-            for k in kt.keys():
-                where.setdefault(k, kt)
-        out = []
-        for g in groups:
-            missing = [k for k in g if k not in where]
-            if missing:
-                raise KeyError(f"{what}: keys {missing} are in no KeyedTensor; available: {list(where)}")
-            out.append(torch.cat([where[k][k] for k in g], dim=dim))
-        return out
+        concatenated along their key dim (which must agree); the groups are views of one
+        buffer, as in TorchRec. An empty group gives a ``(B, 0)`` tensor. A key that a group
+        names and two KeyedTensors hold is refused (TorchRec's regroup functions disagree on
+        which block to take), as are KeyedTensors over different batches. One autograd node:
+        the backward writes each KeyedTensor's gradient as one buffer.
+
+        >>> kt0 = KeyedTensor.from_tensor_list(["a", "b"], [torch.zeros(2, 1), torch.ones(2, 2)])
+        >>> kt1 = KeyedTensor.from_tensor_list(["c"], [torch.full((2, 1), 2.0)])
+        >>> [tuple(t.shape) for t in KeyedTensor.regroup([kt0, kt1], [["c", "a"], [], ["b"]])]
+        [(2, 2), (2, 0), (2, 2)]
+        """
+        return _regroup.regroup("KeyedTensor.regroup", keyed_tensors, groups, one_buffer=True)
 
     @staticmethod
     @fx.leaf

@@ -151,7 +151,7 @@ class KeyedJaggedBase:
         lpk = opk = None
         blame = ""  # the given per-key list the deferred check compares with the lengths
         if length_per_key is not None or offset_per_key is not None:
-            lpk, opk, blame, bad = kjt_checks.given_lists(len(keys), total, length_per_key, offset_per_key)
+            lpk, opk, blame, bad = kjt_checks.given_lists(keys, total, length_per_key, offset_per_key)
             fault = fault or bad
         self._length_per_key: list[int] | None = lpk
         self._offset_per_key: list[int] | None = opk
@@ -235,7 +235,16 @@ class KeyedJaggedBase:
 
     def validate(self: K) -> K:
         """Run the structure checks now (a no-op once done, and for tensors on a device, which
-        are trusted); returns self. ``padless.jagged.validate(kjt)`` does the same."""
+        are trusted) and check that the keys are unique, as TorchRec's
+        ``validate_keyed_jagged_tensor`` does; returns self. ``padless.jagged.validate(kjt)``
+        does the same."""
+        self._readable()
+        C.unique_keys(kjt_checks.WHAT + ".validate()", self._keys, kjt_checks.POSITIONAL)
+        return self
+
+    def _readable(self: K) -> K:
+        """The structure checks alone (what reads values through the structure runs them): keys
+        repeated by ``permute`` are positional there, as in TorchRec."""
         self._check()
         if self._fault is not None:
             raise StructureError(self._fault)
@@ -364,7 +373,10 @@ class KeyedJaggedBase:
         return C.cumsum_list(self.stride_per_key())
 
     def index_per_key(self) -> dict[str, int]:
+        """``{key: position}``; keys that repeat (``permute`` with a repeated index) have no one
+        position and are refused, naming the key (TorchRec keeps the last silently)."""
         if self._index_per_key is None:
+            C.unique_keys(kjt_checks.WHAT + ".index_per_key()", self._keys, kjt_checks.POSITIONAL)
             self._index_per_key = {k: i for i, k in enumerate(self._keys)}
         return self._index_per_key
 

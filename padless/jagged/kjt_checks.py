@@ -17,18 +17,29 @@ from torch import Tensor
 from padless.jagged import _checks as C
 
 WHAT = "KeyedJaggedTensor"
+POSITIONAL = "values(), lengths(), split, permute"  # what addresses a KJT's keys by position
+
+
+def _negative(names: Sequence[str], given: str, widths: list[int], shown: list[int] | None = None) -> str:
+    k = next(i for i, x in enumerate(widths) if x < 0)
+    return (
+        f"{WHAT}: {given} must give every key >= 0 values, but key {names[k]!r} has {widths[k]} "
+        f"({given} {shown if shown is not None else widths})"
+    )
 
 
 def given_lists(
-    keys: int, total: int, length_per_key: Sequence[int] | None, offset_per_key: Sequence[int] | None
+    names: Sequence[str], total: int, length_per_key: Sequence[int] | None, offset_per_key: Sequence[int] | None
 ) -> tuple[list[int] | None, list[int] | None, str, str | None]:
     """``(length_per_key, offset_per_key, blame, fault)`` from the lists a caller gave.
 
     They are kept as given (TorchRec keeps them, and returns them from
     ``length_per_key()``), the missing one derived from the other; ``blame`` names the
     given list the deferred check compares with the lengths (``""`` when none was given);
-    ``fault`` says what is malformed about them (a count or a sum that cannot be right).
+    ``fault`` says what is malformed about them (a count or a sum that cannot be right, a
+    negative width, naming its key).
     """
+    keys = len(names)
     lpk = opk = None
     blame = ""
     fault = None
@@ -36,6 +47,8 @@ def given_lists(
         lpk = [int(x) for x in length_per_key]
         if len(lpk) != keys:
             fault = f"{WHAT}: keys and length_per_key disagree: {keys} keys, {len(lpk)} lengths {lpk}"
+        elif any(x < 0 for x in lpk):
+            fault = _negative(names, "length_per_key", lpk)
         elif sum(lpk) > total:
             fault = f"{WHAT}: length_per_key {lpk} sums to {sum(lpk)} but values has {total} rows"
         blame = "length_per_key"
@@ -46,6 +59,8 @@ def given_lists(
                 f"{WHAT}: offset_per_key must have len(keys) + 1 = {keys + 1} entries from 0 to at most "
                 f"{total}, got {opk}"
             )
+        elif fault is None and any(b < a for a, b in zip(opk[:-1], opk[1:])):
+            fault = _negative(names, "offset_per_key", [b - a for a, b in zip(opk[:-1], opk[1:])], opk)
         blame = blame or "offset_per_key"
     if lpk is not None and opk is None:
         opk = C.cumsum_list(lpk)

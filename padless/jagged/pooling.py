@@ -108,7 +108,9 @@ def embedding_bag(
     if mode not in _MODES:
         raise ValueError(f"{what}: mode must be one of {_MODES}, got {mode!r}")
     if not torch.compiler.is_compiling() and isinstance(features, (JaggedTensor, KeyedJaggedTensor)):
-        features.validate()  # pooling reads ids through the structure: a fault raises here
+        # pooling reads ids through the structure: a fault raises here (keys are positional: a
+        # KJT permuted with a repeated key pools each copy)
+        features._readable() if isinstance(features, KeyedJaggedTensor) else features.validate()
     psw = _psw(what, features, per_sample_weights, mode)
     ids = features.values()
     if ids.dim() != 1 or ids.is_floating_point() or ids.dtype not in (torch.int32, torch.int64):

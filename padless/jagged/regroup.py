@@ -3,8 +3,13 @@
 
 Given KeyedTensors (the pooled outputs of several embedding-bag collections) and groups of
 keys, each returns one tensor per group: the named keys' blocks concatenated along the key
-dim, in group order. A key may appear in several groups; where several KeyedTensors hold a
-key, the last one's block is used (TorchRec's rule). Two KeyedTensors over a batch of 2::
+dim, in group order. A key may appear in several groups. A key that a group names and two
+KeyedTensors hold (or one holds twice) is refused with an error naming it: TorchRec's own
+functions disagree on which block to take (``KeyedTensor.regroup`` and ``KTRegroupAsDict``
+the last KeyedTensor's, ``regroup_kts`` and ``permute_multi_embedding`` the first's, through
+FBGEMM's ``kt_regroup_arguments``; ``KTRegroupAsDict`` raises at key dims other than 1).
+KeyedTensors whose batches differ (their values' shapes outside the key dim) are refused
+naming them. Two KeyedTensors over a batch of 2::
 
     kt0: keys ["a", "b"], length_per_key [1, 2]     kt1: keys ["c"], length_per_key [1]
          values [[a0, b0, b0'],                            values [[c0],
@@ -18,13 +23,13 @@ one ``torch.cat`` of column slices (views) split into the groups (the outputs sh
 buffer); ``permute_multi_embedding`` is one ``torch.cat`` per group, each group its own
 tensor, as FBGEMM's op returns. Which slices to take (adjacent keys of one KeyedTensor
 merged into one slice) is planned once per (keys, widths, groups) and cached, as TorchRec
-precomputes its permutes. Both are differentiable and become one node under
-``torch.fx.symbolic_trace``.
+precomputes its permutes. Both are differentiable (one autograd node whose backward writes
+each KeyedTensor's gradient as one buffer, see ``padless.jagged._regroup``) and become one
+node under ``torch.fx.symbolic_trace``.
 """
 
 from __future__ import annotations
 
-import collections
 from typing import Any, Sequence
 
 import torch
@@ -32,68 +37,9 @@ from torch import Tensor
 
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
-from padless.jagged import fx
+from padless.jagged import _regroup, fx
+from padless.jagged._regroup import _PLANS  # noqa: F401 - the plan cache, for tests and inspection
 from padless.jagged.keyed_tensor import KeyedTensor
-
-
-def _columns(what: str, keyed_tensors: Sequence[KeyedTensor], groups: Sequence[Sequence[str]]):
-    """``(key_dim, per group [(kt index, start, width), ...])`` on the host."""
-    if not keyed_tensors:
-        raise ValueError(f"{what}: needs at least one KeyedTensor")
-    dims = {kt.key_dim() for kt in keyed_tensors}
-    if len(dims) != 1:
-        raise ValueError(f"{what}: the KeyedTensors have different key dims {sorted(dims)}")
-    where: dict[str, tuple[int, int, int]] = {}
-    for i, kt in enumerate(keyed_tensors):
-        for k, start, width in zip(kt.keys(), kt.offset_per_key(), kt.length_per_key()):
-            where[k] = (i, start, width)  # the last KeyedTensor holding a key wins, as in TorchRec
-    out = []
-    for g in groups:
-        missing = [k for k in g if k not in where]
-        if missing:
-            raise KeyError(f"{what}: keys {missing} are in no KeyedTensor; available: {list(where)}")
-        out.append([where[k] for k in g])
-    return dims.pop(), out
-
-
-def _empty(kt: KeyedTensor, dim: int) -> Tensor:
-    v = kt.values()
-    return v.new_empty(v.shape[:dim] + (0,) + v.shape[dim + 1 :])
-
-
-_PLANS: collections.OrderedDict = collections.OrderedDict()
-_PLAN_CACHE = 64  # distinct (keys, widths, groups) signatures kept
-
-
-def _plan(what: str, keyed_tensors: Sequence[KeyedTensor], groups: Sequence[Sequence[str]]):
-    """``(key_dim, per group [(kt index, start, width), ...])``, adjacent blocks of one
-    KeyedTensor merged into one slice; cached by signature (a model's steady state computes
-    it once)."""
-    if not keyed_tensors:
-        _columns(what, keyed_tensors, groups)  # raises the error
-    sig = (
-        tuple((tuple(kt.keys()), tuple(kt.length_per_key()), kt.key_dim()) for kt in keyed_tensors),
-        tuple(tuple(g) for g in groups),
-    )
-    hit = _PLANS.get(sig)
-    if hit is not None:
-        _PLANS.move_to_end(sig)
-        return hit
-    dim, cols = _columns(what, keyed_tensors, groups)
-    runs = []
-    for g in cols:
-        merged: list[tuple[int, int, int]] = []
-        for i, start, width in g:
-            if merged and merged[-1][0] == i and merged[-1][1] + merged[-1][2] == start:
-                merged[-1] = (i, merged[-1][1], merged[-1][2] + width)
-            else:
-                merged.append((i, start, width))
-        runs.append(merged)
-    plan = (dim, runs)
-    _PLANS[sig] = plan
-    if len(_PLANS) > _PLAN_CACHE:
-        _PLANS.popitem(last=False)
-    return plan
 
 
 @fx.leaf
@@ -105,13 +51,7 @@ def regroup_kts(keyed_tensors: Sequence[KeyedTensor], groups: Sequence[Sequence[
     >>> [t.tolist() for t in regroup_kts([kt], [["c", "a"], ["b"]])]
     [[[2.0, 0.0], [2.0, 0.0]], [[1.0, 1.0], [1.0, 1.0]]]
     """
-    dim, runs = _plan("regroup_kts", keyed_tensors, groups)
-    values = [kt.values() for kt in keyed_tensors]
-    parts = [values[i].narrow(dim, start, width) for g in runs for i, start, width in g]
-    if not parts:
-        return [_empty(keyed_tensors[0], dim) for _ in runs]
-    out = torch.cat(parts, dim)
-    return list(out.split([sum(w for _, _, w in g) for g in runs], dim))
+    return _regroup.regroup("regroup_kts", keyed_tensors, groups, one_buffer=True)
 
 
 @fx.leaf
@@ -124,18 +64,47 @@ def permute_multi_embedding(keyed_tensors: Sequence[KeyedTensor], groups: Sequen
     >>> [t.shape for t in permute_multi_embedding([kt], [["b", "a"], ["a"]])]
     [torch.Size([2, 3]), torch.Size([2, 1])]
     """
-    dim, runs = _plan("permute_multi_embedding", keyed_tensors, groups)
-    values = [kt.values() for kt in keyed_tensors]
-    return [
-        torch.cat([values[i].narrow(dim, start, width) for i, start, width in g], dim) if g else _empty(keyed_tensors[0], dim)
-        for g in runs
-    ]
+    return _regroup.regroup("permute_multi_embedding", keyed_tensors, groups, one_buffer=False)
+
+
+@fx.leaf
+def _regroup_as_dict_values(keyed_tensors: Sequence[KeyedTensor], groups: Sequence[Sequence[str]]) -> list[Tensor]:
+    """``permute_multi_embedding`` whose errors name ``KTRegroupAsDict``."""
+    return _regroup.regroup("KTRegroupAsDict", keyed_tensors, groups, one_buffer=False)
+
+
+# TorchRec's ``DataType`` names (``torchrec.types.DataType``, an Enum of these strings) and
+# the dtypes TorchRec's ``data_type_to_dtype`` gives them
+_DATA_TYPES = {
+    "FP32": torch.float32, "FP16": torch.float16, "BF16": torch.bfloat16, "NFP8": torch.float8_e4m3fn,
+    "INT64": torch.int64, "INT32": torch.int32, "INT8": torch.int8, "UINT8": torch.uint8,
+    "INT4": torch.quint4x2, "INT2": torch.quint2x4,
+}
+
+
+def _emb_dtype(emb_dtype: Any) -> torch.dtype | None:
+    """A ``torch.dtype`` from TorchRec's ``DataType`` (or a ``torch.dtype``, or None)."""
+    if emb_dtype is None or isinstance(emb_dtype, torch.dtype):
+        return emb_dtype
+    name = getattr(emb_dtype, "value", None)
+    if isinstance(name, str) and name in _DATA_TYPES:
+        return _DATA_TYPES[name]
+    raise TypeError(
+        f"KTRegroupAsDict: emb_dtype must be TorchRec's DataType (one of {list(_DATA_TYPES)}), a torch.dtype "
+        f"or None, got {emb_dtype!r}"
+    )
 
 
 class KTRegroupAsDict(torch.nn.Module):
-    """``KeyedTensor.regroup_as_dict`` as a module (TorchRec's ``KTRegroupAsDict``): groups of
-    keys in, ``{name: tensor}`` out, with the regrouping plan computed on the first batch and
-    kept (``clear_cache()`` drops it). ``emb_dtype`` (a ``torch.dtype``) casts the outputs.
+    """``KeyedTensor.regroup_as_dict`` as a module (TorchRec's ``KTRegroupAsDict``, same
+    signature): groups of keys in, ``{name: tensor}`` out, each group its own tensor, with the
+    regrouping plan computed on the first batch and kept (``clear_cache()`` drops it).
+
+    ``emb_dtype`` casts the outputs: TorchRec's ``DataType`` (``DataType.FP16``, ...; any
+    object whose ``.value`` is one of its names) or, without torchrec, a ``torch.dtype``.
+    ``multi_device`` is accepted and has no effect: TorchRec keeps its permute indices in
+    device buffers and, with ``multi_device=True``, moves them to the first input's device
+    on every call; padless' plan is host metadata, used on whatever device the values are on.
 
     >>> m = KTRegroupAsDict(groups=[["a", "b"], ["c"]], keys=["user", "object"])
     >>> kt = KeyedTensor.from_tensor_list(["a", "b", "c"], [torch.randn(2, 4), torch.randn(2, 8), torch.randn(2, 2)])
@@ -144,7 +113,11 @@ class KTRegroupAsDict(torch.nn.Module):
     """
 
     def __init__(
-        self, groups: Sequence[Sequence[str]], keys: Sequence[str], emb_dtype: torch.dtype | None = None
+        self,
+        groups: Sequence[Sequence[str]],
+        keys: Sequence[str],
+        emb_dtype: Any = None,
+        multi_device: bool = False,
     ) -> None:
         super().__init__()
         if len(groups) != len(keys):
@@ -152,6 +125,8 @@ class KTRegroupAsDict(torch.nn.Module):
         self._groups = [list(g) for g in groups]
         self._keys = list(keys)
         self._emb_dtype = emb_dtype
+        self._dtype = _emb_dtype(emb_dtype)
+        self._multi_device = bool(multi_device)
         self._signature: Any = None
 
     def forward(self, keyed_tensors: Sequence[KeyedTensor]) -> dict[str, Tensor]:
@@ -160,17 +135,11 @@ class KTRegroupAsDict(torch.nn.Module):
                 raise ValueError("KTRegroupAsDict: empty list of KeyedTensors")
             if len({kt.device() for kt in keyed_tensors}) != 1:
                 raise ValueError("KTRegroupAsDict: all KeyedTensors should be on the same device")
-            seen: set[str] = set()
-            for kt in keyed_tensors:
-                for k in kt.keys():
-                    if k in seen:
-                        raise RuntimeError(f"KTRegroupAsDict: duplicate key {k} found in KeyedTensors, undefined behavior")
-                    seen.add(k)
             self._signature = True
-        out = permute_multi_embedding(keyed_tensors, self._groups)  # indexed, not iterated: a Proxy under fx
-        if self._emb_dtype is None:
+        out = _regroup_as_dict_values(keyed_tensors, self._groups)  # indexed, not iterated: a Proxy under fx
+        if self._dtype is None:
             return {k: out[i] for i, k in enumerate(self._keys)}
-        return {k: out[i].to(self._emb_dtype) for i, k in enumerate(self._keys)}
+        return {k: out[i].to(self._dtype) for i, k in enumerate(self._keys)}
 
     def clear_cache(self) -> None:
         self._signature = None

@@ -16,6 +16,8 @@ only when a reader needs them (``pip install 'padless[loaders]'``).
 * transforms (the readers' ``transform=`` hook): :class:`Normalize`,
   :func:`resize_to_budget` / :func:`budget_size` / :func:`budget_sizes`, :class:`Compose`;
 * errors: :class:`SkipAndWarn` (default), :func:`raise_error`, :class:`SampleError`;
+  ``reader.skipped`` (a :class:`SkipStats`) counts the skipped samples per epoch in the
+  main process, DataLoader workers' included;
   shards that end early reach the handler as :class:`TruncatedShardError`, images
   over ``max_pixels`` as :class:`ImageTooLargeError`.
 
@@ -47,6 +49,7 @@ from padless.loaders.images import (
     decode_image,
     target_size,
 )
+from padless.loaders.skips import SkipStats
 from padless.loaders.samplers import BatchSamplerBase, BucketBatchSampler, BudgetBatchSampler, RandomBatchSampler
 from padless.loaders.streaming import BucketedStream, Shuffle, StreamingBucketer, fixed_length, shuffle_buffer
 from padless.loaders.tarstream import MemberTooLargeError, TrailingDataError, TruncatedShardError, UnsupportedMemberError
@@ -81,6 +84,7 @@ __all__ = [
     "SampleError",
     "Shuffle",
     "SkipAndWarn",
+    "SkipStats",
     "StreamingBucketer",
     "TokenBudget",
     "TrailingDataError",

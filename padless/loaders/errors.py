@@ -20,6 +20,8 @@ from __future__ import annotations
 import warnings
 from typing import Protocol
 
+from padless.loaders.skips import clean
+
 
 class ErrorHandler(Protocol):
     def __call__(self, exc: BaseException, *, shard: str, key: str | None) -> None: ...
@@ -35,8 +37,9 @@ class SampleError(RuntimeError):
 
 
 def describe(exc: BaseException, shard: str, key: str | None) -> str:
+    """``shard '...', sample key '...': Reason: message``, the message without object reprs."""
     where = f"shard {shard!r}" + (f", sample key {key!r}" if key is not None else "")
-    return f"{where}: {type(exc).__name__}: {exc}"
+    return f"{where}: {type(exc).__name__}: {clean(str(exc))}"
 
 
 def raise_error(exc: BaseException, *, shard: str, key: str | None) -> None:
@@ -51,7 +54,8 @@ def raise_error(exc: BaseException, *, shard: str, key: str | None) -> None:
 class SkipAndWarn:
     """Skip the sample, count it per shard, and warn once per shard (naming the first bad key).
 
-    ``counts`` holds the skips seen by this process (each DataLoader worker has its own copy).
+    ``counts`` holds the skips seen by this process (each DataLoader worker has its own
+    copy); a reader's ``skipped`` counts them in the main process, workers' included.
     """
 
     def __init__(self) -> None:

@@ -118,7 +118,7 @@ def open_image(src: Any, what: str = "decode_image") -> Any:
     (EPS in a ``.jpg``) never reaches a plugin that runs an external program (Ghostscript).
 
     Data in another known format raises :class:`UnsupportedImageFormatError` naming it;
-    unknown data raises Pillow's ``UnidentifiedImageError``. A path that is not a regular
+    unknown data raises Pillow's ``UnidentifiedImageError`` naming its first bytes. A path that is not a regular
     file (a FIFO would block the open) raises :class:`NotARegularFileError`.
     """
     Image = require("PIL.Image", "padless.loaders image decoding")
@@ -130,9 +130,14 @@ def open_image(src: Any, what: str = "decode_image") -> Any:
     try:
         return Image.open(src, formats=RASTER_FORMATS)
     except Image.UnidentifiedImageError as e:
-        found = sniff_format(Image, _first_bytes(src, start))
-        if found is None:
-            raise
+        prefix = _first_bytes(src, start)
+        found = sniff_format(Image, prefix)
+        if found is None:  # Pillow's message names the stream object (its repr): name the data instead
+            which = f"{os.fspath(src)!r}" if isinstance(src, (str, os.PathLike)) else "the image data"
+            raise Image.UnidentifiedImageError(
+                f"{what}: cannot identify {which} as an image: its first bytes {prefix[:12]!r} are none of "
+                f"{', '.join(RASTER_FORMATS)} (not an image, or damaged)"
+            ) from None
         raise UnsupportedImageFormatError(
             f"{what}: the image data is in the {found} format by its first bytes, which padless does not open "
             f"(it opens {', '.join(RASTER_FORMATS)}); nothing was decoded or run",

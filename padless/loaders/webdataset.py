@@ -43,14 +43,16 @@ import random
 import re
 import tarfile
 import warnings
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
+from torch.utils.data import get_worker_info
 
 from padless.loaders._deps import require
 from padless.loaders.distributed import current_consumer, split_for
 from padless.loaders.errors import ErrorHandler, SkipAndWarn
+from padless.loaders.skips import SkipLedger, SkipStats, carry, ledger_for, new_token
 from padless.loaders.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, check_max_pixels, check_size_rules, decode_image
 from padless.loaders.streaming import share, shuffle_buffer
 from padless.loaders.tarstream import (
@@ -62,8 +64,27 @@ from padless.loaders.tarstream import (
 )
 from padless.loaders.transforms import Transform, apply_transform, sample_transform
 
+Record = Callable[[BaseException, str, "str | None"], None]  # counts a skip: (exc, shard, key)
+
 _KEY_RE = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
 PICKLE_EXTENSIONS = ("pyd", "pickle", "pkl")
+
+
+def _expand(urls: str | Sequence[str]) -> list[tuple[str, str]]:
+    """``(shard, what the caller wrote)`` for every shard: a path, a URL or a brace pattern's expansion."""
+    if isinstance(urls, (str, os.PathLike)):
+        urls = [os.fspath(urls)]
+    out: list[tuple[str, str]] = []
+    for u in urls:
+        u = os.fspath(u)
+        if "{" in u:
+            braceexpand = require("braceexpand", "padless.loaders.webdataset brace patterns")
+            out.extend((e, u) for e in braceexpand.braceexpand(u))
+        else:
+            out.append((u, u))
+    if not out:
+        raise ValueError("WebDatasetReader: no shards given; pass a path, a list of paths or a brace pattern")
+    return out
 
 
 def expand_urls(urls: str | Sequence[str]) -> list[str]:
@@ -72,19 +93,30 @@ def expand_urls(urls: str | Sequence[str]) -> list[str]:
     >>> expand_urls("s-{0..2}.tar")
     ['s-0.tar', 's-1.tar', 's-2.tar']
     """
-    if isinstance(urls, (str, os.PathLike)):
-        urls = [os.fspath(urls)]
-    out: list[str] = []
-    for u in urls:
-        u = os.fspath(u)
-        if "{" in u:
-            braceexpand = require("braceexpand", "padless.loaders.webdataset brace patterns")
-            out.extend(braceexpand.braceexpand(u))
-        else:
-            out.append(u)
-    if not out:
-        raise ValueError("WebDatasetReader: no shards given; pass a path, a list of paths or a brace pattern")
-    return out
+    return [e for e, _ in _expand(urls)]
+
+
+def local_path(url: str) -> str | None:
+    """The file a shard names on this machine (a path, or a ``file://`` URL); ``None`` for a
+    remote URL or a ``pipe:`` command, which are not checked."""
+    if url.startswith("file://"):
+        return url[len("file://") :]
+    if "://" in url or url.startswith("pipe:"):
+        return None
+    return url
+
+
+def check_shards_exist(shards: list[tuple[str, str]]) -> None:
+    """Raise ``FileNotFoundError`` naming the first local shard that does not exist (and the
+    brace pattern it came from): a missing shard is a wrong path, not a damaged sample."""
+    for url, given in shards:
+        path = local_path(url)
+        if path is not None and not os.path.exists(path):
+            source = "" if given == url else f", from the pattern {given!r}"
+            raise FileNotFoundError(
+                f"WebDatasetReader: shard {url!r} does not exist{source}; check the path "
+                "(remote URLs and pipe: commands are not checked)"
+            )
 
 
 def open_shard(url: str) -> Any:
@@ -218,7 +250,8 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
             raise ValueError(f"WebDatasetReader: epoch_samples must be an int >= 1 or None, got {epoch_samples!r}")
         if handler is not None and not callable(handler):
             raise TypeError(f"WebDatasetReader: handler must be a function handler(exc, shard=, key=), got {type(handler).__name__}")
-        self.urls = expand_urls(urls)
+        expanded = _expand(urls)
+        self.urls = [e for e, _ in expanded]
         if max_member_bytes is not None and (
             isinstance(max_member_bytes, bool) or not isinstance(max_member_bytes, int) or max_member_bytes < 0
         ):
@@ -242,27 +275,75 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         self.rank = rank
         self.world_size = world_size
         self.epoch = 0
+        self._skip_token = new_token()  # names this reader's skip counts across worker processes
+        self._ledger: SkipLedger | None = None
+        self._main_ledger()  # registered now: workers' counts find it by token
+        check_shards_exist(expanded)  # after the argument checks: a wrong path is named at once
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_ledger"] = None  # the main process's counts stay there; a copy finds them by token
+        return state
+
+    def _main_ledger(self) -> SkipLedger:
+        if self._ledger is None:
+            self._ledger = ledger_for(self._skip_token, "WebDatasetReader")
+        # the epoch's count is warned when the handler is one that warns (SkipAndWarn, the default)
+        self._ledger.warn = isinstance(self.handler, SkipAndWarn)
+        return self._ledger
+
+    @property
+    def skipped(self) -> SkipStats:
+        """The samples skipped this epoch, in this (the main) process: counts per reason and
+        example ``(shard, key, message)``, also those skipped inside DataLoader workers (they
+        travel with the samples' ``__key__``, see :mod:`padless.loaders.skips`). A new
+        ``SkipStats`` starts at each ``set_epoch`` (or, without ``set_epoch``, with each epoch
+        of the loader); when an epoch ends with skips, one warning gives its count."""
+        return self._main_ledger().stats
 
     def set_epoch(self, epoch: int) -> None:
         """Reshuffle shards and buffers for ``epoch``.
 
         Call it before each epoch's ``iter(loader)``: workers get a copy of the reader
         when the iterator starts, so with ``persistent_workers=True`` the new epoch
-        does not reach them.
+        does not reach them. It also closes the skip count of the epoch before (see
+        :attr:`skipped`).
         """
         self.epoch = epoch
+        if get_worker_info() is None:
+            self._main_ledger().new_epoch(explicit=True)
 
     # ------------------------------------------------------------------ iteration
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         consumer = current_consumer(self.rank, self.world_size)
         rng = random.Random(f"{self.seed}/{self.epoch}/{consumer.index}/samples")
-        stream = self._passes(consumer)
+        info = get_worker_info()
+        if info is None:  # this process trains: count into the ledger directly
+            ledger = self._main_ledger()
+            ledger.start()
+            record: Record = ledger.record
+        else:  # a DataLoader worker: the counts travel with the samples
+            pending = SkipStats()
+
+            def record(exc: BaseException, shard: str, key: str | None) -> None:
+                pending.add(exc, shard=shard, key=key)
+
+        stream: Iterable[dict[str, Any]] = self._passes(consumer, record)
         if self.epoch_samples is not None:
             stream = itertools.islice(stream, share(self.epoch_samples, consumer.worker, consumer.num_workers))
-        return shuffle_buffer(stream, self.shuffle_buffer, rng)
+        stream = shuffle_buffer(stream, self.shuffle_buffer, rng)
+        if info is None:
+            return _then(stream, ledger.finish)
+        return carry(stream, pending, self._skip_token, info.id, info.num_workers)
 
-    def _passes(self, consumer: Any) -> Iterator[dict[str, Any]]:
+    def _skip(self, record: "Record | None", exc: BaseException, shard: str, key: str | None) -> None:
+        """The handler decides (raising stops the stream); a returned call is a skip, counted."""
+        self.handler(exc, shard=shard, key=key)
+        if record is not None:
+            record(exc, shard, key)
+
+    def _passes(self, consumer: Any, record: "Record | None" = None) -> Iterator[dict[str, Any]]:
         """Pass after pass over this consumer's shards (one pass unless a length or resampling asks for more)."""
         repeat = self.resampled or self.epoch_samples is not None
         p = 0
@@ -286,7 +367,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                 return
             got = False
             for s in shards:
-                for sample in self.read_shard(s):
+                for sample in self.read_shard(s, _record=record):
                     got = True
                     yield sample
             if not repeat:
@@ -304,7 +385,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
             random.Random(f"{self.seed}/{self.epoch}/{p}/shards").shuffle(urls)
         return split_for(urls, consumer, by_node=self.split_by_node, by_worker=self.split_by_worker)
 
-    def read_shard(self, url: str) -> Iterator[dict[str, Any]]:
+    def read_shard(self, url: str, _record: "Record | None" = None) -> Iterator[dict[str, Any]]:
         """The decoded samples of one shard; failures go to the handler.
 
         A shard that ends early (cut short, a damaged header or compressed stream;
@@ -318,11 +399,20 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         (:class:`~padless.loaders.tarstream.UnsupportedMemberError`) or a member over
         ``max_member_bytes`` (:class:`~padless.loaders.tarstream.MemberTooLargeError`)
         goes to the handler, keyed by its sample, and is not decoded.
+
+        A local shard that does not exist raises ``FileNotFoundError`` naming it (a wrong
+        path, not a damaged sample); other failures to open go to the handler.
         """
+        record = _record
         try:
             stream = open_shard(url)
+        except FileNotFoundError as e:
+            if local_path(url) is None:
+                self._skip(record, e, url, None)
+                return
+            raise FileNotFoundError(f"WebDatasetReader: shard {url!r} does not exist; check the path") from e
         except Exception as e:  # noqa: BLE001 (the handler decides)
-            self.handler(e, shard=url, key=None)
+            self._skip(record, e, url, None)
             return
         with stream:
             members = tar_members(stream, select=self._member_filter(), max_member_bytes=self.max_member_bytes)
@@ -344,10 +434,10 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                     nxt = cut[0] if cut is not None else None
                     if cur_key is not None and ((nxt is not None and nxt != cur_key) or isinstance(e, TrailingDataError)):
                         last_key = cur_key
-                        yield from self._decode_or_handle(cur, cur_key, url, cur_error)
+                        yield from self._decode_or_handle(cur, cur_key, url, cur_error, record)
                         cur_key = None
                     key = nxt or cur_key or last_key
-                    self.handler(ended_early(e, last_key), shard=url, key=key)
+                    self._skip(record, ended_early(e, last_key), url, key)
                     return
                 if m is None:
                     break
@@ -355,7 +445,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                 parts = split_key(name)
                 if parts is None:
                     if isinstance(data, MemberError):  # a link or a device without a sample key
-                        self.handler(data, shard=url, key=name)
+                        self._skip(record, data, url, name)
                     continue
                 key, field = parts
                 field = field.lower()
@@ -363,7 +453,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                     if cur_key is not None:
                         last_key = cur_key
                         done.add(cur_key)
-                        yield from self._decode_or_handle(cur, cur_key, url, cur_error)
+                        yield from self._decode_or_handle(cur, cur_key, url, cur_error, record)
                     cur, cur_fields, cur_error, cur_key = {}, set(), None, key
                     if key in done:
                         cur_error = DuplicateMemberError(
@@ -381,7 +471,7 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
                 elif data is not None and cur_error is None:
                     cur[field] = data
             if cur_key is not None:
-                yield from self._decode_or_handle(cur, cur_key, url, cur_error)
+                yield from self._decode_or_handle(cur, cur_key, url, cur_error, record)
 
     def _member_filter(self) -> Callable[[str], bool] | None:
         """Which members to read: with ``fields``, those whose extension a field names (the
@@ -397,15 +487,15 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
         return select
 
     def _decode_or_handle(
-        self, raw: dict[str, bytes], key: str, url: str, error: Exception | None = None
+        self, raw: dict[str, bytes], key: str, url: str, error: Exception | None = None, record: "Record | None" = None
     ) -> Iterator[dict[str, Any]]:
         if error is not None:  # a duplicate, a link or an oversized member: the sample is not decoded
-            self.handler(error, shard=url, key=key)
+            self._skip(record, error, url, key)
             return
         try:
             sample = self.decode(raw)
         except Exception as e:  # noqa: BLE001
-            self.handler(e, shard=url, key=key)
+            self._skip(record, e, url, key)
             return
         sample["__key__"] = key
         sample["__shard__"] = url
@@ -447,3 +537,9 @@ class WebDatasetReader(torch.utils.data.IterableDataset):
 
     def __repr__(self) -> str:
         return f"WebDatasetReader({len(self.urls)} shard(s), epoch={self.epoch}, epoch_samples={self.epoch_samples})"
+
+
+def _then(stream: Iterable[Any], done: Callable[[], None]) -> Iterator[Any]:
+    """``stream``, then ``done()`` once it is exhausted."""
+    yield from stream
+    done()

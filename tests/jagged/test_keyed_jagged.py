@@ -182,6 +182,8 @@ DEFERRED = [
     (dict(keys=["a", "b"], values=torch.arange(3), offsets=torch.tensor([0, 2, 1])), r"offsets must not decrease, but offsets\[1\] = 2 > offsets\[2\] = 1"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[2, 1]), r"length_per_key \[2, 1\] disagrees with lengths \(which give \[1, 2\]\)"),
     (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), offset_per_key=[0, 2, 3]), r"offset_per_key \[0, 2, 3\] disagrees with lengths \(which give \[0, 1, 3\]\)"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), length_per_key=[4, -1]), r"length_per_key must give every key >= 0 values, but key 'b' has -1 \(length_per_key \[4, -1\]\)"),
+    (dict(keys=["a", "b"], values=torch.arange(3), lengths=torch.tensor([1, 2]), offset_per_key=[0, 3, 2]), r"offset_per_key must give every key >= 0 values, but key 'b' has -1 \(offset_per_key \[0, 3, 2\]\)"),
 ]
 FIRST_USES = {
     "validate": lambda k: k.validate(),
@@ -227,6 +229,50 @@ def test_a_fault_does_not_stop_what_torchrec_accepts(kwargs, match):
         kjt.validate()
     with pytest.raises(padless.StructureError, match="KeyedJaggedTensor: "):  # the joined KJT is faulty too
         both.validate()
+
+
+def test_negative_length_per_key_is_refused_on_a_device_too():
+    """Device lengths are trusted and never read, but a given per-key list is host data: a
+    negative width is a fault there too (it used to pass ``validate()``)."""
+    kjt = KeyedJaggedTensor(
+        ["a", "b"], torch.arange(3, device="meta"), lengths=torch.tensor([1, 2], device="meta"), length_per_key=[4, -1]
+    )
+    with pytest.raises(padless.StructureError, match=r"length_per_key must give every key >= 0 values, but key 'b' has -1"):
+        kjt.validate()
+
+
+DUPLICATE = r"keys must be unique, but 'a' is keys\[0\] and keys\[2\] \(keys \['a', 'b', 'a'\]\); a dict by key would keep only one"
+
+
+@pytest.mark.parametrize(
+    "use, op",
+    [
+        (lambda k: k.validate(), r"KeyedJaggedTensor.validate\(\)"),
+        (padless.jagged.validate, r"KeyedJaggedTensor.validate\(\)"),
+        (lambda k: k.to_dict(), r"KeyedJaggedTensor.to_dict\(\)"),
+        (lambda k: k["b"], r"KeyedJaggedTensor\['b'\]"),
+        (lambda k: k.index_per_key(), r"KeyedJaggedTensor.index_per_key\(\)"),
+    ],
+)
+def test_duplicate_keys_are_refused_where_a_key_addresses_them(use, op):
+    """TorchRec's validator refuses repeated keys; its to_dict keeps one silently. Both refuse here."""
+    kjt = KeyedJaggedTensor(["a", "b", "a"], torch.arange(4), lengths=torch.tensor([1, 0, 2, 1, 0, 0]))
+    with pytest.raises(padless.StructureError, match=op + ": " + DUPLICATE):
+        use(kjt)
+
+
+def test_repeated_keys_stay_positional():
+    """``permute`` with a repeated index repeats a key (as in TorchRec); what addresses keys by
+    position works on it, what addresses them by name refuses."""
+    kjt = _kjt(weighted=False).permute([0, 1, 0])
+    assert kjt.keys() == ["a", "b", "a"] and kjt.length_per_key() == [3, 5, 3]
+    assert kjt.values().tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 1, 2, 3]
+    left, right = kjt.split([2, 1])
+    assert right.keys() == ["a"] and right.to_dict()["a"].values().tolist() == [1, 2, 3]
+    pooled = padless.jagged.embedding_bag(kjt, torch.arange(10.0).view(10, 1))
+    assert pooled.values()[:, 0].tolist() == pooled.values()[:, 2].tolist() == [3.0, 0.0, 3.0]
+    with pytest.raises(padless.StructureError, match=r"KeyedJaggedTensor.to_dict\(\): keys must be unique, but 'a'"):
+        kjt.to_dict()
 
 
 def test_concat_of_a_short_part_joins_the_values_as_they_are():

@@ -64,6 +64,26 @@ def test_validation(args, match):
         KeyedTensor(*args)
 
 
+def test_negative_length_per_key_is_refused_naming_the_key():
+    with pytest.raises(ValueError, match=r"KeyedTensor: length_per_key must be >= 0, but key 'b' has -1 \(length_per_key \[3, -1\]\)"):
+        KeyedTensor(["a", "b"], [3, -1], torch.ones(2, 2))
+
+
+def test_duplicate_keys_are_refused_where_a_key_addresses_them():
+    kt = KeyedTensor(["a", "a"], [1, 1], torch.ones(2, 2))
+    assert kt.values().shape == (2, 2) and kt.offset_per_key() == [0, 1, 2]  # positional access works
+    with pytest.raises(RuntimeError, match=r"KeyedTensor.to_dict\(\): keys must be unique, but 'a' is keys\[0\] and keys\[1\]"):
+        kt.to_dict()
+    with pytest.raises(RuntimeError, match=r"KeyedTensor.index_per_key\(\): keys must be unique, but 'a'"):
+        kt["a"]
+
+
+def test_regroup_empty_group_is_batch_by_zero():
+    kt = _kt()
+    assert [tuple(t.shape) for t in KeyedTensor.regroup([kt], [[], ["b"], []])] == [(2, 0), (2, 3), (2, 0)]
+    assert [tuple(t.shape) for t in KeyedTensor.regroup([kt], [[]])] == [(2, 0)]
+
+
 def test_from_tensor_list_count_mismatch():
     with pytest.raises(ValueError, match="2 keys but 1 tensors"):
         KeyedTensor.from_tensor_list(["a", "b"], [torch.ones(1, 1)])

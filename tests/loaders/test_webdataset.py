@@ -128,12 +128,15 @@ def test_corrupt_image_and_truncated_member_are_skipped_with_one_warning_per_sha
         warnings.simplefilter("always")
         keys = keys_of(r)
     msgs = [str(x.message) for x in w if issubclass(x.category, RuntimeWarning)]
-    assert len(msgs) == 2
-    assert any("shard-000001.tar" in m and "'00100002'" in m for m in msgs)
-    assert any("shard-000002.tar" in m and "'00200005'" in m and ("truncated" in m or "unexpected end" in m) for m in msgs)
+    assert len(msgs) == 3  # one per shard as it happens, then the epoch's count
+    assert any("shard-000001.tar" in m and "'00100002'" in m for m in msgs[:2])
+    assert any("shard-000002.tar" in m and "'00200005'" in m and ("truncated" in m or "unexpected end" in m) for m in msgs[:2])
+    assert "WebDatasetReader: 2 sample(s) skipped: UnidentifiedImageError x1" in msgs[2] and "TruncatedShardError x1" in msgs[2]
+    assert all("object at 0x" not in m for m in msgs)
     expected = [k for k in all_keys() if k not in ("00100002", "00200005")]
     assert keys == expected  # the stream went on after both failures
     assert handler.counts == {bad_shards[1]: 1, bad_shards[2]: 1}
+    assert r.skipped.counts == {"UnidentifiedImageError": 1, "TruncatedShardError": 1}
 
 
 def test_raise_option_names_shard_and_key(bad_shards) -> None:
@@ -156,17 +159,39 @@ def test_handler_is_a_plain_function(bad_shards) -> None:
     assert seen == [("shard-000001.tar", "00100002"), ("shard-000002.tar", "00200005")]
 
 
-def test_missing_shard_and_missing_field_go_to_the_handler(shards, tmp_path) -> None:
+def test_missing_field_goes_to_the_handler(shards) -> None:
     seen = []
 
     def remember(exc, *, shard, key):
         seen.append((type(exc).__name__, key, str(exc)))
 
-    list(WebDatasetReader([str(tmp_path / "nope.tar")], handler=remember))
-    assert seen[0][:2] == ("FileNotFoundError", None)
-    seen.clear()
-    list(WebDatasetReader(shards[:1], fields={"image": "webp"}, handler=remember))
+    r = WebDatasetReader(shards[:1], fields={"image": "webp"}, handler=remember)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a handler of its own: counted, not warned
+        list(r)
     assert len(seen) == PER_SHARD and "field 'image' needs one of the extensions ['webp']" in seen[0][2]
+    assert r.skipped.counts == {"KeyError": PER_SHARD}
+
+
+def test_a_missing_shard_is_an_error_naming_it(shards, tmp_path) -> None:
+    """A wrong path used to give an empty epoch and a warning."""
+    missing = str(tmp_path / "nope.tar")
+    with pytest.raises(FileNotFoundError, match=r"WebDatasetReader: shard '.*nope\.tar' does not exist; check the path"):
+        WebDatasetReader([shards[0], missing])
+    with pytest.raises(FileNotFoundError, match=r"shard '.*nope\.tar' does not exist"):
+        WebDatasetReader("file://" + missing)
+    pattern = os.path.join(os.path.dirname(shards[0]), "shard-{000002..000005}.tar")
+    with pytest.raises(FileNotFoundError, match=r"shard '.*shard-000004\.tar' does not exist, from the pattern '.*shard-\{000002\.\.000005\}\.tar'"):
+        WebDatasetReader(pattern)
+    # remote URLs and pipes are not checked
+    assert WebDatasetReader(["pipe:cat /nonexistent/x.tar", "http://example.invalid/x.tar"]).urls[0].startswith("pipe:")
+    # a shard removed after the reader was made: an error at read time too
+    gone = tmp_path / "gone.tar"
+    gone.write_bytes(open(shards[0], "rb").read())
+    r = WebDatasetReader(str(gone))
+    gone.unlink()
+    with pytest.raises(FileNotFoundError, match=r"shard '.*gone\.tar' does not exist"):
+        list(r)
 
 
 def test_pickled_payloads_stay_bytes_unless_allowed(tmp_path) -> None:
