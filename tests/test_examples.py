@@ -26,4 +26,6 @@ def test_native_cnn_example_runs(capsys):
         assert len(s["losses"]) == 2 and all(math.isfinite(v) for v in s["losses"])
         assert s["max_err"] < 1e-4  # packed batch == each image alone
         assert 0 < s["real"] <= s["padded"]
-    assert "a padded batch would have held" in capsys.readouterr().out
+        assert 0 < len(s["distinct"]) <= min(s["images"], 8)  # an epoch of `steps` batches need not cover the data
+    out = capsys.readouterr().out
+    assert "a padded batch would have held" in out and "of the 8 distinct ones" in out
