@@ -182,6 +182,7 @@ def test_progress_goes_to_stderr_when_asked(data, capsys):
     assert capsys.readouterr().err == ""  # not a terminal, not asked
 
 
+@pytest.mark.slow
 def test_python_dash_m_padless_runs_inspect(data):
     r = subprocess.run(
         [sys.executable, "-m", "padless", "inspect", str(data["root"] / "lengths.txt"), "--json"],
