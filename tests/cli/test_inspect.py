@@ -260,3 +260,12 @@ def test_hugging_face_columns_and_splits_are_named(data):
         read_sizes(path, split="a", field="tokens")
     with pytest.raises(InspectError, match=r"column 'label' .* not a list or an Image"):
         read_sizes(path, split="a", field="label")
+
+
+def test_the_docstring_examples_run():
+    import doctest
+
+    import padless.cli.report
+
+    failed, attempted = doctest.testmod(padless.cli.report)
+    assert attempted and not failed
