@@ -1,6 +1,6 @@
 """Bucketing vs random batching: the same data under three batch samplers, padded and padless.
 
-    python examples/bucketing_vs_random.py [--samples 2048] [--dim 64] [--out docs/bucketing_vs_random.png]
+    python examples/bucketing_vs_random.py [--samples 2048] [--dim 64] [--out FILE.png]
 
 The data is made here: token-feature sequences with long-tailed (lognormal)
 lengths. One epoch is batched three ways:
@@ -15,7 +15,9 @@ batches, and the time of one epoch of a small model step (LayerNorm -> MLP
 residual block, forward + backward) on padded batches with a mask and on padless
 batches (``padless.from_list``), interleaved batch by batch, the median of
 several rounds per batch, summed over the epoch. It prints a
-markdown table and writes a PNG of occupancy per batch for each policy.
+markdown table and writes a PNG of occupancy per batch for each policy, to ``--out``
+(default: ``bucketing_vs_random.png`` in the system's temporary folder; the figure of
+docs/benchmarks.md is written with ``--out docs/bucketing_vs_random.png``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import tempfile
 import time
 
 import numpy as np
@@ -67,7 +70,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds over every batch (median per batch)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "..", "docs", "bucketing_vs_random.png"))
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bucketing_vs_random.png"),
+                    help="where the PNG goes (default: %(default)s)")
     args = ap.parse_args()
     torch.manual_seed(args.seed)
     torch.set_num_threads(args.threads)

@@ -56,18 +56,24 @@ def main() -> None:
     real = padded = steps = 0
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as root:
-        shards = write_shards(root, num_shards=4, per_shard=24, low=32, high=160)
+        shards = write_shards(root, num_shards=4, per_shard=24, low=32, high=160)  # 96 images
         reader = WebDatasetReader(shards, fields={"image": "jpg;png", "label": "cls"}, multiple_of=PATCH, shuffle_buffer=16)
         stream = BucketedStream(
             reader,
             StreamingBucketer(image_hw, PixelBudget(120_000), boundaries=[64 * 64, 112 * 112]),
+            # An "epoch" here is 12 batches (steps), not one pass over the 96 images: with other sizes or
+            # budgets it can end before every image was seen, or re-read the shards and see some twice.
+            # The run prints how many distinct images each epoch covered.
             epoch_batches=12,
             collate_fn=collator,
         )
         losses = []
+        covered = []
         for epoch in range(2):
             stream.set_epoch(epoch)
+            seen = set()
             for batch in DataLoader(stream, batch_size=None, num_workers=2):
+                seen.update(zip(batch["__shard__"], batch["__key__"]))
                 images = batch.image / 255.0
                 loss = F.cross_entropy(model(images), batch.label)
                 opt.zero_grad()
@@ -77,9 +83,11 @@ def main() -> None:
                 real += images.numel()
                 padded += images.padded_numel()
                 steps += 1
+            covered.append(len(seen))
     dt = time.perf_counter() - t0
     print("padless image stream: shards -> native-size decode -> pixel-budget buckets -> Collator -> ViT stem")
     print(f"  {steps} steps in {dt:.1f} s, loss {losses[0]:.3f} -> {losses[-1]:.3f} (random labels: the pipeline is the point)")
+    print(f"  an epoch is epoch_batches=12 steps; it covered {' and '.join(map(str, covered))} of the 96 distinct images")
     print(f"  pixels computed {real:,}; a padded batch would have held {padded:,} (occupancy {real / padded:.2f})")
 
 

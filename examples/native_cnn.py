@@ -127,6 +127,8 @@ def loader(shards: list[str], fields: dict[str, str], collator: padless.Collator
     """shards -> native-size decode + normalise (worker) -> pixel-budget buckets -> Collator (worker)."""
     reader = WebDatasetReader(shards, fields=fields, transform={"image": Normalize(MEAN, STD)}, shuffle_buffer=8)
     bucketer = StreamingBucketer(image_hw, PixelBudget(pixels), boundaries=[32 * 32, 56 * 56], buffer_size=32)
+    # epoch_batches counts steps, not images: `steps` batches may end before every image was seen, or
+    # re-read the shards and repeat some; main() prints how many distinct images the run covered.
     stream = BucketedStream(reader, bucketer, epoch_batches=steps, collate_fn=collator)
     return DataLoader(stream, batch_size=None, num_workers=num_workers)
 
@@ -152,7 +154,7 @@ def train(model: nn.Module, batches, target: str, lr: float) -> dict[str, Any]:
     For classification the output is ``(B, classes)``; for segmentation it is
     ``(classes, H_i, W_i)`` per image, and the mean runs over the real pixels of the batch."""
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    stats: dict[str, Any] = {"losses": [], "real": 0, "padded": 0, "images": 0}
+    stats: dict[str, Any] = {"losses": [], "real": 0, "padded": 0, "images": 0, "distinct": set()}
     for batch in batches:
         images = batch.image
         if "max_err" not in stats:
@@ -165,6 +167,7 @@ def train(model: nn.Module, batches, target: str, lr: float) -> dict[str, Any]:
         stats["real"] += images.numel()
         stats["padded"] += images.padded_numel()
         stats["images"] += len(batch)
+        stats["distinct"].update(zip(batch["__shard__"], batch["__key__"]))
     return stats
 
 
@@ -200,7 +203,8 @@ def main(steps: int = 8, per_shard: int = 16, low: int = 16, high: int = 80, pix
             out[name] = s
     print("padless native-resolution CNNs: shards -> native-size decode -> pixel-budget buckets -> Collator -> ResNet")
     for name, s in out.items():
-        print(f"  {name}: {len(s['losses'])} steps, {s['images']} images in {s['seconds']:.1f} s, "
+        print(f"  {name}: {len(s['losses'])} steps (epoch_batches), {s['images']} images "
+              f"({len(s['distinct'])} of the {2 * per_shard} distinct ones) in {s['seconds']:.1f} s, "
               f"loss {s['losses'][0]:.3f} -> {s['losses'][-1]:.3f}; "
               f"packed vs each image alone: max |diff| {s['max_err']:.1e}")
         print(f"    input pixels computed {s['real']:,}; a padded batch would have held {s['padded']:,} "

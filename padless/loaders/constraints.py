@@ -205,7 +205,29 @@ def batch_rule(owner: str, batch_size: int | None, constraint: Constraint | None
     """The constraint a sampler uses: ``BatchSize(batch_size)`` or the given one (exactly one)."""
     if (batch_size is None) == (constraint is None):
         raise ValueError(f"{owner}: pass exactly one of batch_size= or constraint=")
-    return constraint if constraint is not None else BatchSize(batch_size)  # type: ignore[arg-type]
+    return check_constraint(constraint, owner) if constraint is not None else BatchSize(batch_size)  # type: ignore[arg-type]
+
+
+def check_constraint(constraint: Any, owner: str) -> Constraint:
+    """``constraint`` if it is a :class:`Constraint`; a number gets a message naming the class to wrap it in.
+
+    >>> check_constraint(64, "BudgetBatchSampler")
+    Traceback (most recent call last):
+    ...
+    TypeError: BudgetBatchSampler: constraint must be a padless.loaders.Constraint, got the int 64; for a budget of 64 elements per batch pass TokenBudget(64) (PixelBudget(64) for pixels, PairBudget(64) for sum N_i^2), or BatchSize(64) for 64 samples per batch
+    """
+    if isinstance(constraint, Constraint):
+        return constraint
+    if isinstance(constraint, (int, float, np.integer, np.floating)) and not isinstance(constraint, bool):
+        whole = not isinstance(constraint, (float, np.floating))
+        n = str(int(constraint)) if whole else f"{constraint:g}"
+        count = f", or BatchSize({n}) for {n} samples per batch" if whole else ""
+        raise TypeError(
+            f"{owner}: constraint must be a padless.loaders.Constraint, got the {type(constraint).__name__} {n}; "
+            f"for a budget of {n} elements per batch pass TokenBudget({n}) (PixelBudget({n}) for pixels, "
+            f"PairBudget({n}) for sum N_i^2){count}"
+        )
+    raise TypeError(f"{owner}: constraint must be a padless.loaders.Constraint, got {type(constraint).__name__}")
 
 
 def check_costs(costs: np.ndarray, constraint: Constraint, what: str) -> None:

@@ -91,11 +91,11 @@ class ImageFolder(torch.utils.data.Dataset):
             if not self.classes:
                 raise FileNotFoundError(f"ImageFolder: {root!r} has no subfolders (one per class); pass labels=False")
             for c, name in enumerate(self.classes):
-                for p in _walk(os.path.join(root, name), exts):
+                for p in image_paths(os.path.join(root, name), exts):
                     found.append((p, c))
         else:
             self.classes = []
-            found = [(p, -1) for p in _walk(root, exts)]
+            found = [(p, -1) for p in image_paths(root, exts)]
         if not found:
             raise FileNotFoundError(f"ImageFolder: no files with extensions {extensions} under {root!r}")
         self.labels = labels
@@ -152,7 +152,9 @@ class ImageFolder(torch.utils.data.Dataset):
         return f"ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes)"
 
 
-def _walk(top: str, exts: tuple[str, ...]) -> list[str]:
+def image_paths(top: str, exts: tuple[str, ...]) -> list[str]:
+    """Files under ``top`` (recursively, in sorted order) whose names end with one of ``exts``
+    (``(".png", ".jpg")``: lower case, with the dot; names are matched in lower case)."""
     out = []
     for dirpath, dirnames, filenames in os.walk(top):
         dirnames.sort()

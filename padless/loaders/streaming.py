@@ -18,7 +18,7 @@ from typing import Any, Callable, Generic, Iterable, Iterator, Sequence, TypeVar
 import numpy as np
 import torch
 
-from padless.loaders.constraints import Constraint, as_sizes, bucket_keys, validate_boundaries
+from padless.loaders.constraints import Constraint, as_sizes, bucket_keys, check_constraint, validate_boundaries
 from padless.loaders.distributed import worker_id_and_count
 
 T = TypeVar("T")
@@ -83,8 +83,7 @@ class StreamingBucketer:
         key: Callable[[np.ndarray], np.ndarray] | None = None,
         oversize: str = "own_batch",
     ) -> None:
-        if not isinstance(constraint, Constraint):
-            raise TypeError(f"StreamingBucketer: constraint must be a padless.loaders.Constraint, got {type(constraint).__name__}")
+        check_constraint(constraint, "StreamingBucketer")
         if oversize not in ("own_batch", "error"):
             raise ValueError(f"StreamingBucketer: oversize must be 'own_batch' or 'error', got {oversize!r}")
         if isinstance(buffer_size, bool) or not isinstance(buffer_size, int) or buffer_size < 1:

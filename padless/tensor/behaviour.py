@@ -11,6 +11,7 @@ from torch import Tensor
 
 from padless.tensor.convert import getitem, unbind_samples
 from padless.tensor.core import NestedTensor, inner_tensors, wrap_like
+from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements, implements_aten, lent
 from padless.tensor.structure import StructureMeta, check_same_structure
 
@@ -165,6 +166,16 @@ def iter_(func, nt: NestedTensor):
 @implements(torch.Tensor.tolist)
 def tolist(func, nt: NestedTensor):
     return [s.tolist() for s in unbind_samples(nt, differentiable=False)]
+
+
+@implements(torch.Tensor.numpy, torch.Tensor.__array__)
+def numpy(func, nt: NestedTensor, *args, **kwargs):
+    """There is no one dense array of a ragged batch: say which array the caller may mean."""
+    raise StructureError(
+        f"{func.__name__}(): a NestedTensor of {nt.batch_size} ragged samples is not one numpy array; use "
+        "x.values().numpy() for the packed rows, [s.numpy() for s in x.unbind()] for one array per sample, "
+        "or x.to_padded().numpy() for the padded envelope (add .detach() first when x requires grad)"
+    )
 
 
 @implements(torch.Tensor.share_memory_)

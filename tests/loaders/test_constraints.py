@@ -129,3 +129,19 @@ def test_sizes_past_int64_are_refused_not_wrapped() -> None:
         as_sizes([2.0**70])
     with pytest.raises(ValueError, match=r"sizes: sample 0 has a size \(18446744073709551615,\) past the int64 range"):
         as_sizes(np.array([2**64 - 1], dtype=np.uint64))
+
+
+def test_a_number_for_a_constraint_names_the_class_to_wrap_it_in():
+    msg = r"got the int 64; for a budget of 64 elements per batch pass TokenBudget\(64\).*BatchSize\(64\)"
+    with pytest.raises(TypeError, match="BudgetBatchSampler: constraint must be a padless.loaders.Constraint, " + msg):
+        BudgetBatchSampler([3, 4], 64)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="RandomBatchSampler: .*" + msg):
+        RandomBatchSampler(10, constraint=64)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="BucketBatchSampler: .*" + msg):
+        BucketBatchSampler([3, 4], constraint=64)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="StreamingBucketer: .*" + msg):
+        StreamingBucketer(len, 64)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got the float 64.5; .* pass TokenBudget\(64.5\) .*N_i\^2\)$"):
+        BudgetBatchSampler([3, 4], 64.5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="constraint must be a padless.loaders.Constraint, got str$"):
+        BudgetBatchSampler([3, 4], "64")  # type: ignore[arg-type]

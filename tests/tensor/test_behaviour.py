@@ -155,3 +155,16 @@ def test_like_factories_and_new_factories():
     assert bool((f.values() == 3).all())
     e = nt.new_zeros(4, 2)
     assert type(e) is torch.Tensor and e.shape == (4, 2)
+
+
+def test_numpy_names_the_arrays_a_ragged_batch_has():
+    import numpy as np
+
+    x = padless.from_list([torch.randn(2, 3), torch.randn(4, 3)])
+    rewrite = r"use x\.values\(\)\.numpy\(\) for the packed rows, \[s\.numpy\(\) for s in x\.unbind\(\)\]"
+    with pytest.raises(padless.StructureError, match=r"numpy\(\): a NestedTensor of 2 ragged samples .*" + rewrite):
+        x.numpy()
+    with pytest.raises(RuntimeError, match=r"__array__\(\): .*" + rewrite):  # torch.nested code catches RuntimeError
+        np.asarray(x)
+    assert np.array_equal(x.values().numpy(), torch.cat([s for s in x.unbind()]).numpy())
+    assert [s.numpy().shape for s in x.unbind()] == [(2, 3), (4, 3)]

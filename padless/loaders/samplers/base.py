@@ -27,7 +27,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 from torch.utils.data import Sampler
 
-from padless.loaders.constraints import Constraint, as_sizes, check_costs
+from padless.loaders.constraints import Constraint, as_sizes, check_constraint, check_costs
 from padless.loaders.distributed import rank_and_world_size
 
 OVERSIZE = ("own_batch", "error")
@@ -177,8 +177,7 @@ class SizedSamplerBase(BatchSamplerBase):
 
     def __init__(self, sizes: Any, constraint: Constraint, *, oversize: str = "own_batch", **kw: Any) -> None:
         name = type(self).__name__
-        if not isinstance(constraint, Constraint):
-            raise TypeError(f"{name}: constraint must be a padless.loaders.Constraint, got {type(constraint).__name__}")
+        check_constraint(constraint, name)
         if oversize not in OVERSIZE:
             raise ValueError(f"{name}: oversize must be one of {OVERSIZE}, got {oversize!r}")
         self.sizes = as_sizes(sizes, f"{name}: sizes")
