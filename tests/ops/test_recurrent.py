@@ -207,3 +207,21 @@ def test_float32_module_default():
     refs, h_refs = _reference(m, xs, None)
     assert_close_samples(out, refs, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(h, h_refs[0], atol=1e-5, rtol=1e-5)
+
+
+def test_empty_batch_runs():
+    m = _module("lstm")
+    x = padless.from_list(_samples([2]))[torch.tensor([False])]
+    out, (h, c) = m(x)
+    assert out.batch_size == 0 and h.shape == (4, 0, 3)
+
+
+def test_dense_input_with_a_nested_state_and_nested_packed_data_are_refused():
+    m = _module("gru")
+    w = m._flat_weights
+    h0 = padless.from_list([torch.zeros(4, 3, dtype=torch.float64)] * 2)
+    with pytest.raises(TypeError, match=r"gru\(\): the input must be the NestedTensor .* must be dense"):
+        torch.gru(torch.zeros(2, 3, 4, dtype=torch.float64), h0, w, True, 2, 0.0, False, True, True)
+    x = padless.from_list(_samples([2, 3]))
+    with pytest.raises(TypeError, match=r"gru\(\): a PackedSequence whose data or state is a NestedTensor"):
+        torch.gru(x, torch.tensor([2, 2, 1]), torch.zeros(4, 2, 3, dtype=torch.float64), w, True, 2, 0.0, False, True)

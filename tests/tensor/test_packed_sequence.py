@@ -73,3 +73,11 @@ def test_cached_plan_is_shared_by_a_linear_output():
     x.to_packed_sequence()
     y = torch.nn.functional.linear(x, torch.randn(7, 3, dtype=torch.float64))
     assert any(k[0] == "packed_sequence" for k in y._meta.derived if isinstance(k, tuple))
+
+
+def test_empty_batch_and_traced_values_are_refused():
+    x = padless.from_list(_samples([2, 3]))
+    with pytest.raises(padless.StructureError, match=r"to_packed_sequence\(\): the batch holds no sample"):
+        x[torch.tensor([False, False])].to_packed_sequence()
+    with pytest.raises(NotImplementedError, match=r"to_packed_sequence\(\): packing sequences by length .* torch.compile"):
+        x.to("meta").to_packed_sequence()  # meta values stand for a trace: no host metadata to plan from

@@ -88,9 +88,10 @@ def _final_states(plan: PackPlan, out: tuple[Tensor, ...], h0: tuple[Tensor, ...
 def _no_steps(op: str, x: NestedTensor, params: list, bidirectional: bool, h0: tuple[Tensor, ...]) -> tuple:
     """Every sample empty: no output rows, every state its initial state."""
     width = (2 if bidirectional else 1) * h0[0].shape[-1]
-    rows = values_of(x).new_zeros((0, width))
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        rows = rows + sum(p.sum() for p in params) * 0  # no step ran: zero gradients, still connected
+    v = values_of(x)
+    rows = v.new_zeros((0, width))
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (v, *params)):
+        rows = rows + sum(t.sum() for t in (v, *params)) * 0  # no step ran: zero gradients, still connected
     return (rewrap(rows, x), *h0)
 
 
