@@ -46,7 +46,7 @@ class PackPlan:
     * ``order``: the non-empty samples, longest first (ties keep batch order) (``(n,)``);
     * ``empty``: the empty samples, in batch order (``(B - n,)``);
     * ``restore``: sample b sits at ``restore[b]`` in ``order ++ empty`` (``(B,)``);
-    * ``identity``: ``order ++ empty`` is the batch order (no gather needed for states).
+    * ``identity``: no sample is empty and ``order`` is the batch order (states need no gather).
     """
 
     batch_sizes: Tensor
@@ -88,7 +88,7 @@ def _build(host_sizes: Tensor, host_offsets: Tensor, dev: torch.device) -> PackP
     restore = torch.empty_like(host_order)
     restore[host_order] = torch.arange(b)
     empty = host_order[n:].sort().values  # stable sort: the empties are already in batch order
-    identity = bool((host_order == torch.arange(b)).all())
+    identity = n == b and bool((host_order == torch.arange(b)).all())
 
     def on(t: Tensor) -> Tensor:
         return t.to(dev, non_blocking=True)
@@ -161,8 +161,7 @@ def to_packed_sequence(x: NestedTensor, enforce_sorted: bool = False) -> PackedS
                 "Pass enforce_sorted=False"
             )
         return PackedSequence(data, plan.batch_sizes, None, None)
-    order = plan.host_order.to(data.device, non_blocking=True)
-    return PackedSequence(data, plan.batch_sizes, order, plan.restore)
+    return PackedSequence(data, plan.batch_sizes, plan.order, plan.restore)  # no empty sample: order is complete
 
 
 def from_packed_sequence(ps: PackedSequence) -> NestedTensor:

@@ -150,13 +150,20 @@ def test_one_sample_and_all_empty():
     torch.testing.assert_close(c, hx[1])
 
 
-def test_sorted_batch_and_training_dropout_run():
+@pytest.mark.parametrize("lens", [[5, 4, 4, 2], [5, 3, 0], [0, 2], [2, 0, 0, 1]])
+def test_sorted_batches_and_trailing_empty_samples(lens):
     m = _module("gru")
-    xs = _samples([5, 4, 4, 2])  # already sorted: no state gather
-    out, h = m(padless.from_list(xs))
-    refs, h_refs = _reference(m, xs, None)
+    xs = _samples(lens)  # [5, 4, 4, 2] is already sorted: no state gather
+    hx = _initial(m, len(xs))
+    out, h = m(padless.from_list(xs), hx)
+    refs, h_refs = _reference(m, xs, hx)
     assert_close_samples(out, refs)
     torch.testing.assert_close(h, h_refs[0])
+
+
+def test_training_dropout_runs():
+    m = _module("gru")
+    xs = _samples([5, 4, 4, 2])
     m.train()  # dropout between layers: random, but it runs on the packed kernel
     out, h = m(padless.from_list(xs, requires_grad=True))
     out.values().sum().backward()
