@@ -68,6 +68,9 @@ def test_ellipsis_broadcast_of_different_lengths():
     # a dense extent of 1 broadcasts against H (einsum's ellipsis rule); a shorter ellipsis aligns right
     _check("... h d, ... h d -> ... h", "lhd,hd->lh", [lambda n: (n, 2, 4)], [_dense((1, 4))])
     _check("... h d, ... d -> ... h", "lhd,d->lh", [lambda n: (n, 2, 4)], [_dense((4,))])
+    # extents of 1 over the ragged and the static letter both broadcast (one after the other)
+    _check("... d, ... d -> ... d", "...d,...d->...d", [lambda n: (n, 2, 4)], [_dense((1, 1, 4))])
+    _check("... d, ... d -> ... d", "...d,...d->...d", [lambda n: (n, 2, 4)], [_dense((1, 2, 4))])
 
 
 def test_dense_operand_summing_a_ragged_dim():

@@ -66,12 +66,9 @@ def expand_ellipsis(equation: str, operands: Sequence[Tensor]) -> tuple[str, tup
     if out.count(_ELLIPSIS) > 1:
         raise ValueError(f"einsum(): the output of {equation!r} has a malformed ellipsis")
     letters = _fresh(eq, max(spans))
-    extent: dict[str, set[int]] = {}
-    for s, o, span in zip(ins, operands, spans):
-        if _ELLIPSIS in s:
-            at = s.index(_ELLIPSIS)
-            for j, c in enumerate(letters[len(letters) - span :]):
-                extent.setdefault(c, set()).add(int(o.shape[at + j]))
+    # how many operands carry each ellipsis letter (right-aligned spans)
+    carriers = {c: sum(1 for s, span in zip(ins, spans) if _ELLIPSIS in s and j >= len(letters) - span)
+                for j, c in enumerate(letters)}
     new_ins, new_ops = [], []
     for s, o, span in zip(ins, operands, spans):
         if _ELLIPSIS not in s:
@@ -81,9 +78,10 @@ def expand_ellipsis(equation: str, operands: Sequence[Tensor]) -> tuple[str, tup
         at = s.index(_ELLIPSIS)
         mine = letters[len(letters) - span :]
         keep = []
-        for j, c in enumerate(mine):
-            if not isinstance(o, NestedTensor) and int(o.shape[at + j]) == 1 and extent[c] - {1}:
-                o = o.squeeze(at + len(keep))  # einsum's broadcast of an ellipsis extent of 1
+        for c in mine:
+            if not isinstance(o, NestedTensor) and o.shape[at + len(keep)] == 1 and carriers[c] > 1:
+                # einsum broadcasts an ellipsis extent of 1: the letter's extent comes from the others
+                o = o.squeeze(at + len(keep))
             else:
                 keep.append(c)
         new_ins.append(s.replace(_ELLIPSIS, "".join(keep)))
