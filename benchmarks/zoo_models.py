@@ -467,8 +467,45 @@ def sparse_cases() -> list[Case]:
     ]
 
 
+# recurrent: torch's own nn.LSTM ------------------------------------------------
+
+class LSTMTagger(nn.Module):
+    """A sequence tagger as RNN pipelines write it: ``lengths`` given, the padded batch goes
+    through ``pack_padded_sequence``; a NestedTensor of ids goes in as it is."""
+
+    def __init__(self, vocab: int = 1000, dim: int = HIDDEN, tags: int = 17) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.lstm = nn.LSTM(dim, dim, num_layers=2, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(2 * dim, tags)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.emb(ids)
+        if lengths is not None:
+            x = nn.utils.rnn.pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+        out, _ = self.lstm(x)
+        if lengths is not None:
+            out, _ = nn.utils.rnn.pad_packed_sequence(out, batch_first=True)
+        return self.head(out)
+
+
+def _tagger_padded_loss(model, ids):
+    dense, mask = pad_seq(ids)
+    out = model(dense, mask.sum(1))
+    return sum(_sq_mean(out[j, : len(i)]) for j, i in enumerate(ids))
+
+
+def recurrent_cases() -> list[Case]:
+    return [
+        Case("torch LSTM tagger (nn.LSTM on nt)", "torch", "input_ids L 16..128, B 6; padded: pack_padded_sequence",
+             lambda: (torch.manual_seed(0), LSTMTagger())[1], lambda s: id_seqs(s), lambda ids: [tuple(i.shape) for i in ids],
+             lambda model, ids: _unbind(model(padless.from_list(ids))), lambda model, i: model(i[None])[0],
+             _tagger_padded_loss, grad=True),
+    ]
+
+
 def all_cases() -> list[Case]:
-    return image_cases() + pair_cases() + token_cases() + sparse_cases()
+    return image_cases() + pair_cases() + token_cases() + sparse_cases() + recurrent_cases()
 
 
 # ----------------------------------------------------------------------------- checks

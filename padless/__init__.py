@@ -6,8 +6,10 @@ from padless.tensor import (
     from_list,
     from_njt,
     from_padded,
+    from_packed_sequence,
     from_values,
     to_njt,
+    to_packed_sequence,
     to_padded,
 )
 from padless import ops as _ops  # noqa: F401  (registers the op layer)
@@ -35,6 +37,7 @@ __all__ = [
     "collate",
     "from_list",
     "from_njt",
+    "from_packed_sequence",
     "from_padded",
     "from_values",
     "nested",
@@ -44,6 +47,7 @@ __all__ = [
     "prepare_for_compile",
     "strict_padded_reads",
     "to_njt",
+    "to_packed_sequence",
     "to_padded",
     "unpatchify",
 ]

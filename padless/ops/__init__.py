@@ -12,6 +12,7 @@ rows       feature-wise ops (the generic pointwise path, linear, norms, activati
 pairs      contractions (``@``, ``bmm``, ``einsum``) and triangle products
 attention  ``F.scaled_dot_product_attention``, the Transformer modules, row attention
 vision     convolution, pooling, batch/instance norm, resampling, patches, pixel layout
+recurrent  ``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` through the ``PackedSequence`` kernels
 nested     ``torch.nested`` (NJT) parity: the calls NJT code makes that NestedTensor
            answers as NJT does
 ========== ==========================================================================
@@ -23,12 +24,12 @@ point one way, ``tensor <- kernels <- common <- families``, and a family never i
 another family; ``lint-imports`` checks that contract (``pyproject.toml``).
 """
 
-from padless.ops import rows, pairs, attention, vision, nested  # noqa: F401  (registers every family's handlers)
+from padless.ops import rows, pairs, attention, vision, recurrent, nested  # noqa: F401  (registers every family's handlers)
 from padless.ops.attention import row_attention
 from padless.ops.vision import patch_grid, patchify, unpatchify
 from padless.jagged.pooling import embedding_bag  # pooled lookups of JaggedTensor / KeyedJaggedTensor
 
 #: The op families, in registration order.
-FAMILIES = ("rows", "pairs", "attention", "vision", "nested")
+FAMILIES = ("rows", "pairs", "attention", "vision", "recurrent", "nested")
 
-__all__ = ["FAMILIES", "attention", "embedding_bag", "nested", "pairs", "patch_grid", "patchify", "row_attention", "rows", "unpatchify", "vision"]
+__all__ = ["FAMILIES", "attention", "embedding_bag", "nested", "pairs", "patch_grid", "patchify", "recurrent", "row_attention", "rows", "unpatchify", "vision"]

@@ -9,6 +9,7 @@ from padless.tensor.convert import to_njt, to_padded, unbind_samples, valid_mask
 from padless.tensor.core import NestedTensor, StructureMeta, _rebuild_nested
 from padless.tensor.errors import StructureError
 from padless.tensor.extents import Extent, envelope_shape, envelope_size
+from padless.tensor.packed import from_packed_sequence, to_packed_sequence
 
 
 def _attach() -> None:
@@ -16,6 +17,7 @@ def _attach() -> None:
     NestedTensor.from_padded = staticmethod(from_padded)
     NestedTensor.from_values = staticmethod(from_values)
     NestedTensor.from_njt = staticmethod(from_njt)
+    NestedTensor.from_packed_sequence = staticmethod(from_packed_sequence)
 
     def to_padded_(self, value: float = 0.0, output_size=None):
         """Dense ``(B, *envelope)`` copy, ``value`` in padded positions. Differentiable.
@@ -31,6 +33,11 @@ def _attach() -> None:
         """``torch.nested`` jagged tensor with the same samples (one ragged dim). Keeps autograd."""
         return to_njt(self)
 
+    def to_packed_sequence_(self, enforce_sorted: bool = False):
+        """``torch.nn.utils.rnn.PackedSequence`` of the samples (one ragged dim, the first; none
+        empty). One row gather, no sync with host metadata. Differentiable."""
+        return to_packed_sequence(self, enforce_sorted)
+
     # ``x.shape`` / ``x.size()``: the envelope, whose ragged entries remember each sample's
     # own size (padless.tensor.extents), so ``F.interpolate(x, size=skip.shape[2:])`` works.
     NestedTensor.shape = property(envelope_shape, doc=envelope_shape.__doc__)
@@ -38,6 +45,7 @@ def _attach() -> None:
     NestedTensor.to_padded = to_padded_
     NestedTensor.mask = mask_
     NestedTensor.to_njt = to_njt_
+    NestedTensor.to_packed_sequence = to_packed_sequence_
 
 
 _attach()
@@ -62,8 +70,10 @@ __all__ = [
     "from_padded",
     "from_values",
     "from_njt",
+    "from_packed_sequence",
     "to_padded",
     "to_njt",
+    "to_packed_sequence",
     "unbind_samples",
     "valid_mask",
 ]

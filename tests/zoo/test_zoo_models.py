@@ -83,3 +83,14 @@ def test_occupancy_counts_real_over_envelope():
     assert zoo.occupancy([(2, 4), (4, 2)]) == pytest.approx(16 / 32)
     assert zoo.occupancy([(3,), (3,)]) == 1.0
     assert torch.equal(zoo.pad_pairs([torch.ones(1, 1, 2), torch.ones(2, 2, 2)])[0].sum((-1,)), torch.tensor([[2.0, 0.0], [0.0, 0.0]]))
+
+
+def test_lstm_tagger_per_sample_and_gradients():
+    """torch's own modules only: runs here, no zoo package needed."""
+    zoo = _zoo()
+    case = _case("torch LSTM tagger (nn.LSTM on nt)")
+    ids = zoo.id_seqs(0, b=3, lo=2, hi=12)
+    _agree(case.name, ids, 1e-5)
+    diff = zoo.grad_diff(case, case.build().eval(), ids)
+    assert diff < 1e-5, f"LSTM tagger: max parameter-gradient difference {diff:.2e}"
+    case.padded_loss(case.build(), ids).backward()  # the pack_padded_sequence baseline runs

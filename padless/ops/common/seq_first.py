@@ -4,8 +4,9 @@ A NestedTensor has no padded "sequence-first" layout, but ``batch_first=True`` m
 (``nn.MultiheadAttention``, the Transformer layers) transpose their inputs with
 ``x.transpose(1, 0)`` before the attention call. The transpose handler of the rows family
 returns a :class:`SeqFirstView`: a thin wrapper that only supports being transposed back
-and being passed to ``F.multi_head_attention_forward`` (the attention family's handler,
-reached through the registry); anything else raises.
+and being passed to the ops listed in :data:`SEQ_FIRST_OPS` (``F.multi_head_attention_forward``,
+and the recurrent kernels ``nn.LSTM``/``nn.GRU``/``nn.RNN`` call with ``batch_first=False``):
+their families' handlers, reached through the registry. Anything else raises.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ from padless.tensor.registry import FUNCTION_TABLE
 _METADATA = frozenset(
     ("__get__", "dim", "size", "stride", "storage_offset", "is_contiguous", "ndimension", "nelement", "numel")
 )
+
+
+#: Torch callables that take a sequence-first view: the view goes to the op's registered handler
+#: (a family adds its ops with :func:`takes_seq_first`; the handler unwraps the view).
+SEQ_FIRST_OPS: set = {F.multi_head_attention_forward}
+
+
+def takes_seq_first(*funcs: Any) -> None:
+    """Route ``funcs`` called on a :class:`SeqFirstView` to their registered handlers."""
+    SEQ_FIRST_OPS.update(funcs)
 
 
 class SeqFirstView(Tensor):
@@ -59,15 +70,15 @@ class SeqFirstView(Tensor):
             dims = sorted(d % 3 if d < 0 else d for d in args[1:3]) if len(args) >= 3 else None
             if dims == [0, 1]:
                 return args[0]._nt
-        if func is F.multi_head_attention_forward:
-            # The attention family's handler, reached through the registry (no family import).
+        if func in SEQ_FIRST_OPS:
+            # The family's handler, reached through the registry (no family import).
             return FUNCTION_TABLE[func](func, *args, **kwargs)
         if name in _METADATA or func in (torch.Tensor.is_floating_point,):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         raise RuntimeError(
             f"padless: {name or func}() on a sequence-first view of a NestedTensor (x.transpose(0, 1)); "
-            "such a view only exists to feed attention modules. Transpose it back with .transpose(0, 1)."
+            "such a view only exists to feed attention and recurrent modules. Transpose it back with .transpose(0, 1)."
         )
 
     @classmethod

@@ -31,6 +31,7 @@ from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, rewrap, values_of
 from padless.tensor.construct import from_list
 from padless.tensor.convert import unbind_samples
+from padless.ops.pairs.einsum_forms import einsum_with_dense, expand_ellipsis
 from padless.ops.pairs.triangle import eager_pair_einsum, traced_pair_einsum
 from padless.ops.pairs.traced import traced_einsum, traced_matmul
 from padless.ops.pairs import traced_softmax  # noqa: F401  (registers the compiled softmax island)
@@ -278,8 +279,6 @@ def bmm(func, a: NestedTensor | None = None, b: NestedTensor | None = None, **kw
 
 def _parse(equation: str, n_operands: int) -> tuple[list[str], str]:
     eq = equation.replace(" ", "")
-    if "..." in eq:
-        raise NotImplementedError("einsum(): ellipsis is not supported with NestedTensor operands")
     if "->" not in eq:
         raise ValueError("einsum(): give the output explicitly (an equation with '->')")
     lhs, out = eq.split("->")
@@ -289,14 +288,17 @@ def _parse(equation: str, n_operands: int) -> tuple[list[str], str]:
     return ins, out
 
 
-@implements(torch.einsum, accepts="packed operands sharing a leading batch index")
+@implements(torch.einsum, accepts="packed operands sharing a leading batch index; dense operands beside one; ellipsis")
 def einsum(func, equation: str, *operands) -> Tensor:
-    """einsum over NestedTensors whose first index is the batch index in every operand and the output."""
+    """einsum over NestedTensors whose first index is the batch index in every operand and the output
+    (an ellipsis is spelled out first; dense operands beside one NestedTensor run on its rows:
+    :mod:`padless.ops.pairs.einsum_forms`)."""
     if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
         operands = tuple(operands[0])
+    equation, operands = expand_ellipsis(equation, operands)  # "... i d, ... j d -> ... i j": letters
     ins, out = _parse(equation, len(operands))
-    if not all(isinstance(o, NestedTensor) for o in operands):
-        raise TypeError("einsum(): every operand must be a NestedTensor (move dense weights into linear/matmul)")
+    if not all(isinstance(o, NestedTensor) for o in operands):  # dense weights: once on the rows
+        return einsum_with_dense(ins, out, operands, equation)
     batch = ins[0][0]
     if any(s[0] != batch for s in ins) or not out or out[0] != batch:
         raise ValueError(
