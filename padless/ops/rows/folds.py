@@ -344,10 +344,10 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
     lead, n = raw[0], raw[1]
     if not isinstance(lead, int) or not isinstance(n, int):
         return None
+    if lead == nt.batch_size:
+        return None  # the batch stays: a reshape inside every sample (B == sum N_i only when every N_i is 1)
     own = nt._meta.derived.get(_KEY)
-    if own is None and lead == nt.batch_size:
-        return None  # the common reshape: the batch stays (no content lookup)
-    if isinstance(n, Extent) and n.batch_size == lead and lead != nt.batch_size:
+    if isinstance(n, Extent) and n.batch_size == lead:
         counts = n.per_sample()  # sizes read from the parent's shape: each parent its own count
         if sum(counts) != nt.batch_size:
             raise StructureError(
@@ -365,7 +365,7 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
             f"folds of different batches gave these sample sizes: {[k.counts for k in found]}); read the size "
             "from the batch that was folded (N = z.shape[1] before folding) so each sample gets its own count"
         )
-    if own is not None and lead == own.batch_size and lead != nt.batch_size:
+    if own is not None and lead == own.batch_size:
         raise StructureError(
             f"{op}(): this batch of {nt.batch_size} samples was folded from {own.batch_size} samples "
             f"(a {own.kind} dim of envelope {own.extent}); the target {_fmt(raw)} does not unfold it: "
