@@ -189,10 +189,11 @@ def _with_dim(func, name: str, args: tuple, kwargs: dict, rank: int, unwrap, wra
     args[0] = unwrap(args[0])
     out = func(*args, **kwargs)
     keep = kwargs.get("keepdim", False) or (len(args) > 2 and name in _REDUCTIONS and args[2] is True)
-    if 0 in norm and not keep:
-        return out  # time reduced: (B, ...) per sample, the layout a dense (T, B, ...) reduction gives
-    if 0 in norm and isinstance(out, Tensor) and not isinstance(out, NestedTensor) and out.dim() >= 2:
-        return out.transpose(0, 1)  # keepdim: (B, 1, ...) -> (1, B, ...)
+    if name in _REDUCTIONS and 0 in norm:
+        if not keep:
+            return out  # time reduced: (B, ...) per sample, the layout a dense (T, B, ...) reduction gives
+        if isinstance(out, Tensor) and not isinstance(out, NestedTensor) and out.dim() >= 2:
+            return out.transpose(0, 1)  # keepdim: (B, 1, ...) -> (1, B, ...)
     return _rewrap(out, wrap)
 
 
@@ -210,10 +211,11 @@ def _view(name: str, args: tuple, kwargs: dict, view_type: type, wrap: Callable)
             t = nt.shape[1]
             if b == nt.batch_size:  # (T, B, ...): each row reshaped
                 return wrap(method(nt, nt.batch_size, t, *rest))
-            per_row = nt.numel() // max(nt._values.shape[0], 1) if nt._values.shape[0] else None
-            if b == -1 and rest and per_row:
-                b = nt.batch_size * (per_row // max(1, _prod(rest)))
-            if b > nt.batch_size and b % nt.batch_size == 0 and nt.batch_size:  # (T, B * H, d): heads folded
+            per_row = _prod(nt._values.shape[1:])  # elements of one row (T, B) of the view
+            if b == -1 and rest and _prod(rest) and per_row % _prod(rest) == 0:
+                b = nt.batch_size * (per_row // _prod(rest))
+            folds_heads = rest and nt.batch_size and b % nt.batch_size == 0 and b // nt.batch_size * _prod(rest) == per_row
+            if b > nt.batch_size and folds_heads:  # (T, B * H, d): heads folded
                 k = b // nt.batch_size
                 split = method(nt, nt.batch_size, t, k, *rest)
                 return wrap(torch.Tensor.reshape(split.transpose(1, 2), b, t, *rest))
