@@ -72,7 +72,7 @@ def _elementwise(func: Callable) -> bool:
 
 def handles(func: Callable) -> bool:
     """Whether :func:`run` has a rule for ``func``."""
-    return func in _ROWWISE or func in _WITH_DIM or func in _JOIN or func in _VIEWS or func in _MATMUL or _elementwise(func)
+    return func is torch.Tensor.__getitem__ or func in _ROWWISE or func in _WITH_DIM or func in _JOIN or func in _VIEWS or func in _MATMUL or _elementwise(func)
 
 
 def run(func: Callable, args: tuple, kwargs: dict, wrap: Callable[[NestedTensor], Tensor], view_type: type) -> Any:
@@ -83,6 +83,8 @@ def run(func: Callable, args: tuple, kwargs: dict, wrap: Callable[[NestedTensor]
     unwrap = _unwrapper(view_type)
     if func in _VIEWS:
         return _view(name, args, kwargs, view_type, wrap)
+    if func is torch.Tensor.__getitem__:
+        return _getitem(args[0], args[1], rank, wrap)
     if func in _ROWWISE or (func in _MATMUL and _dense_right(args, view_type)):
         out = func(unwrap(args[0]), *args[1:], **kwargs)
         return _rewrap(out, wrap)
@@ -197,6 +199,25 @@ def _with_dim(func, name: str, args: tuple, kwargs: dict, rank: int, unwrap, wra
     return _rewrap(out, wrap)
 
 
+def _getitem(x: Any, index: Any, rank: int, wrap: Callable) -> Any:
+    """``y[..., :k]`` (trailing dims), ``y[:, :, k]``, ``y[t]`` (time step ``t`` of every sample,
+    ``(B, ...)``), ``y[:, b]`` (sample ``b``, ``(T_b, ...)``): the batch indexed with the first
+    two entries swapped."""
+    idx = index if isinstance(index, tuple) else (index,)
+    nt = x._nt
+    if idx and idx[0] is Ellipsis and sum(e is not None for e in idx[1:]) <= rank - 2:
+        return _rewrap(nt[idx], wrap)
+    if any(e is Ellipsis or e is None for e in idx[:2]):
+        raise StructureError(
+            f"__getitem__(): index {index!r} of a sequence-first view; index time and batch explicitly "
+            "(y[t], y[:, b], y[a:b]) or trailing dims after ..., or transpose back with .transpose(0, 1)"
+        )
+    idx = idx + (slice(None),) * max(0, 2 - len(idx))
+    out = nt[(idx[1], idx[0], *idx[2:])]
+    keeps_time = isinstance(idx[0], slice) and not isinstance(idx[1], int)
+    return _rewrap(out, wrap) if keeps_time else out
+
+
 def _view(name: str, args: tuple, kwargs: dict, view_type: type, wrap: Callable) -> Any:
     """``view``/``reshape`` of a sequence-first view (module docstring)."""
     x = args[0]
@@ -205,35 +226,41 @@ def _view(name: str, args: tuple, kwargs: dict, view_type: type, wrap: Callable)
     if len(shape) == 1 and isinstance(shape[0], (tuple, list, torch.Size)):
         shape = list(shape[0])
     method = torch.Tensor.view if name == "view" else torch.Tensor.reshape
-    if len(shape) >= 2 and all(isinstance(s, int) for s in shape):
-        t, b, rest = shape[0], shape[1], list(shape[2:])
-        if t in (-1, nt.shape[1]):
-            t = nt.shape[1]
-            if b == nt.batch_size:  # (T, B, ...): each row reshaped
-                return wrap(method(nt, nt.batch_size, t, *rest))
-            per_row = _prod(nt._values.shape[1:])  # elements of one row (T, B) of the view
-            if b == -1 and rest and _prod(rest) and per_row % _prod(rest) == 0:
-                b = nt.batch_size * (per_row // _prod(rest))
-            folds_heads = rest and nt.batch_size and b % nt.batch_size == 0 and b // nt.batch_size * _prod(rest) == per_row
-            if b > nt.batch_size and folds_heads:  # (T, B * H, d): heads folded
-                k = b // nt.batch_size
-                split = method(nt, nt.batch_size, t, k, *rest)
-                return wrap(torch.Tensor.reshape(split.transpose(1, 2), b, t, *rest))
-            if b < nt.batch_size and b > 0 and nt.batch_size % b == 0:  # (T, B, E) of a folded view: unfold
-                k = nt.batch_size // b
-                try:
-                    grouped = torch.Tensor.reshape(nt, b, k, *nt.shape[1:])
-                except StructureError as e:
-                    raise StructureError(
-                        f"{name}(): {tuple(shape)} of a sequence-first view of {nt.batch_size} samples regroups "
-                        f"them into {b} samples of {k}, which needs a batch folded from {b} samples: {e}"
-                    ) from None
-                return wrap(method(grouped.transpose(1, 2), b, t, *rest))
+    sizes = all(isinstance(s, (int, torch.SymInt)) and not isinstance(s, bool) for s in shape)
+    if len(shape) >= 2 and sizes and (_same(shape[0], -1) or _same(shape[0], nt.shape[1])):
+        t, b, rest = nt.shape[1], shape[1], list(shape[2:])
+        batch = nt.batch_size
+        if _same(b, batch):  # (T, B, ...): each row reshaped
+            return wrap(method(nt, batch, t, *rest))
+        per_row, width = _prod(nt._values.shape[1:]), _prod(rest)  # elements of one row, of the target's row
+        k = per_row // width if rest and width and per_row % width == 0 else 0
+        if k > 1 and (_same(b, -1) or _same(b, batch * k)):  # (T, B * H, d): heads folded into the batch
+            split = method(nt, batch, t, k, *rest)
+            return wrap(torch.Tensor.reshape(split.transpose(1, 2), batch * k, t, *rest))
+        k = width // per_row if per_row and width % per_row == 0 else 0
+        if k > 1 and _same(batch, b * k):  # (T, B, E) of a view whose heads were folded: unfold
+            try:
+                grouped = torch.Tensor.reshape(nt, b, k, *nt.shape[1:])
+            except StructureError as e:
+                raise StructureError(
+                    f"{name}(): {tuple(shape)} of a sequence-first view of {batch} samples regroups them into "
+                    f"{b} samples of {k}, which needs a batch folded from {b} samples: {e}"
+                ) from None
+            return wrap(method(grouped.transpose(1, 2), b, t, *rest))
     raise StructureError(
         f"{name}(): the sequence-first view has envelope {tuple(x.shape)}; it can be viewed as (T, B, ...) "
         "(each row reshaped), (T, B * H, d) (heads folded into the batch) or back to (T, B, E) from such a fold. "
         "For anything else transpose back with .transpose(0, 1)"
     )
+
+
+def _same(a: Any, b: Any) -> bool:
+    """``a == b`` for sizes, without a guard on a symbol (False unless known)."""
+    if not isinstance(a, torch.SymInt) and not isinstance(b, torch.SymInt):
+        return int(a) == int(b)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(a == b))
 
 
 def _prod(xs) -> int:

@@ -43,6 +43,7 @@ from torch import Tensor
 from padless.ops.common import content
 from padless.ops.common.host import host_structure, int_entries
 from padless.ops.common.structure import call
+from padless.ops.rows import folds_traced
 from padless.ops.rows.shape_rows import relayout
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
@@ -65,16 +66,18 @@ class FoldLink:
     ``kind`` is ``"ragged"`` (a ragged dim folded: parent sample ``b`` gave ``counts[b]``
     samples, its extent along that dim) or ``"static"`` (a static dim of extent ``extent``
     folded: every parent sample gave ``extent`` samples). ``extent`` is the folded dim's
-    envelope in the parent (what an unfold target names). Host ints only.
+    envelope in the parent (what an unfold target names). Host ints; under ``torch.compile``
+    ``counts`` is a device tensor and ``extent`` a symbol (:mod:`padless.ops.rows.folds_traced`).
     """
 
     kind: str
-    counts: tuple[int, ...]
-    extent: int
+    counts: tuple[int, ...] | Tensor
+    extent: int | torch.SymInt
 
     @property
     def batch_size(self) -> int:
-        return len(self.counts)
+        """Samples of the parent batch (a size under torch.compile, where ``counts`` is a tensor)."""
+        return self.counts.shape[0] if isinstance(self.counts, Tensor) else len(self.counts)
 
 
 def fold_link(nt: NestedTensor) -> FoldLink | None:
@@ -137,14 +140,19 @@ def _linked(out: NestedTensor, link: FoldLink) -> NestedTensor:
 def folded_batch_entry(nt: NestedTensor, raw: list) -> list:
     """``raw`` with its batch entry read as this batch: in a batch folded from ``B`` samples of
     envelope ``n``, padded code writes the batch as ``B * n`` (``q.view(B * N, N, H, d)``)."""
-    if not raw or isinstance(raw[0], torch.SymInt) or raw[0] in (-1, nt.batch_size):
+    if not raw:
         return raw
     lead = raw[0]
-    if not isinstance(lead, int) or isinstance(lead, bool):
+    if not isinstance(lead, (int, torch.SymInt)) or isinstance(lead, bool) or folds_traced.same(lead, -1):
         return raw
-    if any(k.batch_size * k.extent == lead for k in links(nt)):
-        return [nt.batch_size, *raw[1:]]
-    return raw
+    if folds_traced.same(lead, nt.batch_size):
+        return raw
+    if _traced(nt):
+        own = nt._meta.derived.get(_KEY)
+        found = own is not None and folds_traced.same(lead, own.batch_size * own.extent)
+    else:
+        found = any(k.batch_size * k.extent == lead for k in links(nt))
+    return [nt.batch_size, *raw[1:]] if found else raw
 
 
 # ---------------------------------------------------------------------------- fold
@@ -156,11 +164,17 @@ def fold(nt: NestedTensor, op: str = "fold") -> NestedTensor:
     a static dim one gather."""
     if nt.sample_dim < 1:
         raise StructureError(f"{op}(): samples have no dim to fold into the batch")
+    traced = _traced(nt)
     if 0 in nt._ragged:
         if nt._ragged[0] != 0:  # (N_i, M_i) stored as (1, 0): bring dim 0 first (one gather)
             nt = relayout(nt, (0, *[r for r in nt._ragged if r != 0]))
-        return _fold_ragged(nt, op)
-    return _fold_static(nt, op)
+        return folds_traced.fold_ragged(nt, FoldLink, _KEY) if traced else _fold_ragged(nt, op)
+    return folds_traced.fold_static(nt, FoldLink, _KEY) if traced else _fold_static(nt, op)
+
+
+def _traced(nt: NestedTensor) -> bool:
+    """Inside a compiled graph: sizes are runtime tensors and there is no host metadata."""
+    return nt._meta.host_sizes is None and _is_traced(nt._sizes)
 
 
 def _fold_ragged(nt: NestedTensor, op: str) -> NestedTensor:
@@ -303,7 +317,7 @@ def _unfold_static(nt: NestedTensor, new_hs: Tensor, ho: Tensor, h: int, op: str
 def _rest_reshape(nt: NestedTensor, rest: Sequence[Any], op: str) -> NestedTensor:
     """``nt`` reshaped to ``(its batch, *rest)`` as plain ints (the dims inside every sample)."""
     target = [nt.batch_size, *[int(e) if isinstance(e, Extent) else e for e in rest]]
-    if list(nt.shape) == target:
+    if len(target) == nt.dim() and all(folds_traced.same(a, t) for a, t in zip(nt.shape, target)):
         return nt
     func = torch.Tensor.view if op == "view" else torch.Tensor.reshape
     return call(func, nt, target)
@@ -312,22 +326,24 @@ def _rest_reshape(nt: NestedTensor, rest: Sequence[Any], op: str) -> NestedTenso
 def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor | None:
     """``reshape``/``view`` whose target folds sample dim 0 into the batch, ``(B * n, *rest)``
     (``n`` that dim's envelope, or ``-1``), or None."""
-    if not raw or nt.sample_dim < 2 or isinstance(raw[0], torch.SymInt):
+    if not raw or nt.sample_dim < 2:
         return None
     lead = raw[0]
     b, n = nt.batch_size, nt._env[0]
-    if lead == -1:
+    if not isinstance(lead, (int, torch.SymInt)) or isinstance(lead, bool):
+        return None
+    if folds_traced.same(lead, -1):
         if 0 in nt._ragged and len(nt._ragged) < 2:
             return None  # x.reshape(-1, C) of sequences: every row (shape_idioms.flatten_rows)
         if not nt._ragged:
             return None
-    elif type(n) is not int or not isinstance(lead, int) or int(lead) != b * n:
+    elif not folds_traced.same(lead, b * n):
         return None
     folded = fold(nt, op)
     try:
         return _rest_reshape(folded, raw[1:], op)
     except StructureError as e:
-        if lead == -1:
+        if folds_traced.same(lead, -1):
             return None  # not a fold after all (x.reshape(-1, C) of pairs: every row)
         raise StructureError(
             f"{op}(): the target {_fmt(raw)} folds dim 1 of envelope {tuple(nt.shape)} into the batch "
@@ -339,14 +355,18 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
     """``reshape``/``view`` to ``(B, n, *rest)`` of a folded batch (its link names ``B`` and
     ``n``), or of any batch when ``n`` is a size read from the shape of a batch of ``B``
     samples whose counts add up to this batch; None otherwise."""
-    if len(raw) < 2 or isinstance(raw[0], torch.SymInt) or isinstance(raw[1], torch.SymInt):
+    if len(raw) < 2:
         return None
     lead, n = raw[0], raw[1]
-    if not isinstance(lead, int) or not isinstance(n, int):
+    if not all(isinstance(e, (int, torch.SymInt)) and not isinstance(e, bool) for e in (lead, n)):
         return None
-    if lead == nt.batch_size:
+    if folds_traced.same(lead, nt.batch_size):
         return None  # the batch stays: a reshape inside every sample (B == sum N_i only when every N_i is 1)
     own = nt._meta.derived.get(_KEY)
+    if _traced(nt):
+        if own is None or not (folds_traced.same(lead, own.batch_size) and folds_traced.same(n, own.extent)):
+            return None
+        return folds_traced.unfold(_rest_reshape(nt, raw[2:], op), own)
     if isinstance(n, Extent) and n.batch_size == lead:
         counts = n.per_sample()  # sizes read from the parent's shape: each parent its own count
         if sum(counts) != nt.batch_size:
@@ -392,6 +412,8 @@ def repeat_batch(nt: NestedTensor, repeats: Any, op: str = "repeat_interleave") 
     ``b`` becomes samples ``b*r .. b*r+r-1``). ``r`` read from a shape (``z.shape[1]``) repeats
     sample ``b`` by sample ``b``'s own size; a 1-D tensor gives one count per sample. One gather."""
     b = nt.batch_size
+    if _traced(nt):
+        raise folds_traced.refuse(op, "repeating every sample along the batch dim")
     if isinstance(repeats, Extent):
         if repeats.batch_size != b:
             raise StructureError(
