@@ -370,11 +370,15 @@ def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
     return restructure(nt, values_of(nt)[tuple(vidx)], new)
 
 
-@implements(torch.repeat_interleave, torch.Tensor.repeat_interleave, accepts="packed; int repeats")
+@implements(torch.repeat_interleave, torch.Tensor.repeat_interleave, accepts="packed; int, size read from a shape or 1-D tensor repeats")
 def repeat_interleave(func, nt: NestedTensor, repeats=None, dim=None, *, output_size=None) -> Tensor:
-    """``x.repeat_interleave(1, dim=0)`` (boltz's pair bias with diffusion multiplicity 1) is a
-    copy with the same structure; any other form takes the path it takes without this handler
-    (torch's decomposition into handled ATen ops, else the per-sample fallback)."""
+    """Along the batch dim, every sample repeated in place: ``x.repeat_interleave(1, dim=0)``
+    (boltz's pair bias with diffusion multiplicity 1) is a copy with the same structure;
+    ``r`` repeats every sample ``r`` times, a size read from a shape (``z.shape[1]``) repeats
+    sample ``b`` by its own size (the bias of every folded row,
+    :func:`padless.ops.rows.folds.repeat_batch`). Any other form takes the path it takes
+    without this handler (torch's decomposition into handled ATen ops, else the per-sample
+    fallback)."""
     if isinstance(repeats, int) and repeats == 1 and dim is not None and outer_dim(nt, dim, "repeat_interleave") == 0:
         return nested_from_values(values_of(nt).clone(), nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
     if dim is not None and isinstance(nt, NestedTensor) and outer_dim(nt, dim, "repeat_interleave") == 0:
