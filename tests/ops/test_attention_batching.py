@@ -89,12 +89,17 @@ def test_bf16_groups():
     check_samples(lambda a: _sdpa(a, a, a), lambda a: _sdpa(a, a, a), [q], atol=2e-2, rtol=2e-2)
 
 
-def test_masks_stay_per_sample():
+def test_masks_of_equal_length_samples_are_stacked_per_sample():
+    # each sample keeps its own mask: equal lengths run as one call on the stacked masks
     lens = [3, 3, 3]
-    (q, _) = leaves([(2, n, 8) for n in lens], 1, ragged=(1,))
-    m = padless.from_list([torch.ones(n, n, dtype=torch.bool) for n in lens], ragged_dims=(0, 1))
+    (q, qs) = leaves([(2, n, 8) for n in lens], 1, ragged=(1,))
+    g = torch.Generator().manual_seed(0)
+    masks = [torch.randn(2, n, n, generator=g) for n in lens]
+    m = padless.from_list(masks, ragged_dims=(1, 2))
     out = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
-    assert sum(n.startswith("ScaledDotProduct") for n in _graph_nodes(out)) == 3
+    assert sum(n.startswith("ScaledDotProduct") for n in _graph_nodes(out)) == 1
+    for i, (o, s) in enumerate(zip(out.unbind(), qs)):
+        torch.testing.assert_close(o, F.scaled_dot_product_attention(s, s, s, attn_mask=masks[i]), atol=1e-6, rtol=1e-5)
 
 
 def test_dropout_on_equal_lengths_keeps_per_sample_rng_order():

@@ -26,9 +26,11 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   position computed. The samples come from one ``torch.split`` of each buffer
   (:func:`padless.tensor.autograd.split_rows`), so the backward writes every sample's
   gradient once, O(T) (per-sample slices cost a zero-filled buffer of all T rows per
-  sample: O(B x T)). Without masks, mods or dropout, samples sharing one (query, key)
-  length pair run as one batched ``(G, H, L, E)`` SDPA call (a ``torch.stack`` of their
-  views: exact lengths, nothing padded, each sample's own dense SDPA); dropout stays
+  sample: O(B x T)). Without mods or dropout, samples sharing one (query, key) length
+  pair run as one batched ``(G, H, L, E)`` SDPA call (a ``torch.stack`` of their views:
+  exact lengths, nothing padded, each sample's own dense SDPA; their masks, when of one
+  shape, stacked the same way: the rows of a pair state folded into the batch, each with
+  its sample's bias, run as one call per length instead of one per row); dropout stays
   per sample so the RNG stream matches a loop over samples. Self-attention batches of
   many short samples (where one call's fixed cost outweighs its scores: a d=128 layer at
   B=64, lengths 4..64) run in length buckets instead (:mod:`~padless.ops.attention.buckets`:
@@ -265,12 +267,13 @@ def _sample_plan(q: NestedTensor, k: NestedTensor, grouped: bool):
     return plan
 
 
-def _grouped(qs, ks, vs, dq: int, groups, is_causal, scale, enable_gqa) -> dict[int, Tensor]:
+def _grouped(qs, ks, vs, dq: int, groups, is_causal, scale, enable_gqa, masks=None) -> dict[int, Tensor]:
     """One batched SDPA call per group of equal-length samples; output rows per sample.
 
     A group's operand is a ``torch.stack`` of its samples' split views: only the grouped
     rows are copied, and the backward hands each sample its gradient slice (no buffer-wide
-    scatter), which the split's one concatenation then writes once.
+    scatter), which the split's one concatenation then writes once. Per-sample masks of one
+    shape are stacked the same way (a mask of a sample is its own: nothing crosses samples).
     """
     out: dict[int, Tensor] = {}
     lead = 3 - (dq + 2)  # (G, *rest) -> 4-D (G, 1, L, E) for (L, E) samples
@@ -283,7 +286,11 @@ def _grouped(qs, ks, vs, dq: int, groups, is_causal, scale, enable_gqa) -> dict[
         qg = batch(qs, g)
         kg = qg if ks is qs else batch(ks, g)
         vg = kg if vs is ks else (qg if vs is qs else batch(vs, g))
-        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        mg = None
+        if masks is not None:
+            mg = torch.stack([masks[i] for i in g])
+            mg = mg.unsqueeze(1) if mg.dim() == 3 else mg  # (G, L, S) masks broadcast over heads
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=mg, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
         o = (o.squeeze(1) if lead else o).movedim(dq + 1, 1)
         for i, rows in zip(g, o.unbind(0)):
             out[i] = rows
@@ -309,11 +316,14 @@ def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mo
         plan = _bucket_plan(q, is_causal)
         if plan is not None:
             return buckets.attention(qv, kv, vv, plan, is_causal, scale, enable_gqa)
-    qo, ko, alone, groups = _sample_plan(q, k, simple and q.sample_dim <= 3 and q.batch_size >= _MIN_GROUP)
+    plain = mask_mod is None and score_mod is None and dropout_p == 0.0  # masks group too (folded rows: one per row)
+    qo, ko, alone, groups = _sample_plan(q, k, plain and q.sample_dim <= 3 and q.batch_size >= _MIN_GROUP)
+    if masks is not None and groups:
+        alone, groups = _mask_groups(masks, alone, groups)
     qs = split_rows(qv, qo)
     ks = split_rows(kv, ko) if kv is not qv else qs
     vs = ks if vv is kv else (qs if vv is qv else split_rows(vv, ko))
-    done = _grouped(qs, ks, vs, dq, groups, is_causal, scale, enable_gqa)
+    done = _grouped(qs, ks, vs, dq, groups, is_causal, scale, enable_gqa, masks)
     # torch's fused CPU kernel runs on 4-D (batch, heads, L, E) inputs (3-D falls back to the
     # unfused math path, ~1.6x slower here), so each sample is viewed with leading unit dims.
     lead = max(0, 4 - (dq + 2))
@@ -340,6 +350,19 @@ def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mo
     if not done:
         return qv.new_empty((0, *qv.shape[1:-1], vv.shape[-1]))
     return torch.cat([done[i] for i in range(q.batch_size)])
+
+
+def _mask_groups(masks, alone: list[int], groups: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Groups of equal lengths split further by mask shape and dtype (stacked masks must agree)."""
+    alone = list(alone)
+    out = []
+    for g in groups:
+        by: dict[tuple, list[int]] = {}
+        for i in g:
+            by.setdefault((tuple(masks[i].shape), masks[i].dtype), []).append(i)
+        for members in by.values():
+            (out.append(members) if len(members) >= _MIN_GROUP else alone.extend(members))
+    return sorted(alone), out
 
 
 def _bucket_plan(q: NestedTensor, is_causal: bool) -> buckets.Plan | None:

@@ -1,12 +1,17 @@
-"""The sequence-first view ``x.transpose(0, 1)`` of a NestedTensor, for attention modules.
+"""The sequence-first view ``x.transpose(0, 1)`` of a NestedTensor.
 
-A NestedTensor has no padded "sequence-first" layout, but ``batch_first=True`` modules
-(``nn.MultiheadAttention``, the Transformer layers) transpose their inputs with
-``x.transpose(1, 0)`` before the attention call. The transpose handler of the rows family
-returns a :class:`SeqFirstView`: a thin wrapper that only supports being transposed back
-and being passed to the ops listed in :data:`SEQ_FIRST_OPS` (``F.multi_head_attention_forward``,
-and the recurrent kernels ``nn.LSTM``/``nn.GRU``/``nn.RNN`` call with ``batch_first=False``):
-their families' handlers, reached through the registry. Anything else raises.
+A NestedTensor's batch dim is always its first dim, but code written for sequence-first
+models holds ``(T, B, E)`` tensors: ``batch_first=True`` modules (``nn.MultiheadAttention``,
+the Transformer layers) transpose their inputs with ``x.transpose(1, 0)``, and fairseq-style
+models run their whole encoder sequence-first. The transpose handler of the rows family
+returns a :class:`SeqFirstView`: the same batch read with two dims swapped. Row-wise ops
+(linear, layer norm, dropout, activations, residual adds of two views), reductions over time
+or features, ``cat``, and the reshapes that fold heads into the batch run on it as on the
+batch (:mod:`padless.ops.common.seq_first_ops`); the ops in :data:`SEQ_FIRST_OPS` take it
+(``F.multi_head_attention_forward`` and the recurrent
+kernels ``nn.LSTM``/``nn.GRU``/``nn.RNN`` call with ``batch_first=False``: their families'
+handlers, reached through the registry); ``.transpose(0, 1)`` gives
+the batch back. Anything else raises, naming the op.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops.common import seq_first_ops
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import FUNCTION_TABLE
 
@@ -70,15 +76,25 @@ class SeqFirstView(Tensor):
             dims = sorted(d % 3 if d < 0 else d for d in args[1:3]) if len(args) >= 3 else None
             if dims == [0, 1]:
                 return args[0]._nt
+        if func in (torch.Tensor.permute, torch.permute):
+            perm = args[1:] if len(args) > 2 or not isinstance(args[1], (tuple, list)) else args[1]
+            n = args[0].dim()
+            perm = [p % n for p in perm]
+            if perm[:2] == [1, 0]:
+                return args[0]._nt.permute(0, 1, *perm[2:])
         if func in SEQ_FIRST_OPS:
             # The family's handler, reached through the registry (no family import).
             return FUNCTION_TABLE[func](func, *args, **kwargs)
         if name in _METADATA or func in (torch.Tensor.is_floating_point,):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        if seq_first_ops.handles(func):
+            return seq_first_ops.run(func, args, kwargs, SeqFirstView, SeqFirstView)
         raise RuntimeError(
-            f"padless: {name or func}() on a sequence-first view of a NestedTensor (x.transpose(0, 1)); "
-            "such a view only exists to feed attention and recurrent modules. Transpose it back with .transpose(0, 1)."
+            f"padless: {name or func}() on a sequence-first view of a NestedTensor (x.transpose(0, 1)) has no "
+            "rule: row-wise ops, elementwise ops, reductions over time or features, cat and the reshapes that "
+            "fold heads into the batch run on it (padless.ops.common.seq_first_ops). Transpose it back with "
+            ".transpose(0, 1) and write the op on the batch."
         )
 
     @classmethod

@@ -35,6 +35,7 @@ from padless.tensor.core import (
     _is_traced,
 )
 from padless.ops.common.host import from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
+from padless.ops.rows import folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
 from padless.ops.rows.shape_ragged import reshape_ragged, split_ragged
 from padless.tensor.extents import Extent
@@ -63,10 +64,17 @@ def reshape(func, nt: NestedTensor, *shape, **kw) -> NestedTensor:
     if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
         return _view_dtype(nt, shape[0])
     raw = list(shape_arg(shape))  # before int_entries: size entries that remember each sample's size
+    raw = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
+    unfolded = folds.unfold_reshape(nt, raw, op)  # (b i) j d -> b i j d (padless.ops.rows.folds)
+    if unfolded is not None:
+        return unfolded
     target = int_entries(op, "shape", raw)
     try:
         dims = match_target(nt, target, op)
     except StructureError:
+        folded = folds.fold_reshape(nt, raw, op)  # b i j d -> (b i) j d, b h l d -> (b h) l d
+        if folded is not None:
+            return folded
         merged_or_split = reshape_ragged(nt, raw, op)  # (B, -1, C) of (H_i, W_i, C); (B, -1, h, w) of (C, h_i*w_i)
         if merged_or_split is not None:
             return merged_or_split
@@ -134,6 +142,8 @@ def flatten(func, nt: NestedTensor, start_dim: int = 0, end_dim: int = -1) -> Ne
         raise ValueError(f"flatten(): start_dim {start_dim} comes after end_dim {end_dim}")
     if s == e:
         return nt
+    if s == 0 and e == 1 and nt.sample_dim >= 2:
+        return folds.fold(nt, "flatten")  # x.flatten(0, 1): dim 1 folded into the batch (padless.ops.rows.folds)
     if s == 0:
         raise StructureError(
             f"flatten(): dims {s}..{e} include the batch dim (0); a NestedTensor keeps its batch dim. "
@@ -182,6 +192,10 @@ def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedT
     """Split a static dim into ``sizes`` (one ``-1`` inferred), or a ragged dim into sizes read
     from a batch's shape (each sample its own, :func:`padless.ops.rows.shape_ragged.split_ragged`)."""
     o = outer_dim(nt, dim, "unflatten")
+    if o == 0:  # x.unflatten(0, (B, H)): the inverse of a fold (padless.ops.rows.folds)
+        out = _unflatten_batch(nt, list(sizes))
+        if out is not None:
+            return out
     p = sample_dim(nt, dim, "unflatten")
     if p in nt._ragged and any(isinstance(s, Extent) for s in sizes):
         return split_ragged(nt, p, list(sizes), "unflatten")
@@ -194,6 +208,12 @@ def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedT
     return restructure(nt, vals, new)
 
 
+def _unflatten_batch(nt: NestedTensor, sizes: list) -> NestedTensor | None:
+    if len(sizes) != 2:
+        return None
+    return folds.unfold_reshape(nt, [*sizes, *nt.shape[1:]], "unflatten")
+
+
 # ---------------------------------------------------------------------------- expand / pad
 
 
@@ -201,7 +221,11 @@ def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedT
 def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTensor:
     """Expand static dims of extent 1 (a stride-0 view of ``values``). ``-1`` keeps a dim;
     the batch dim and ragged dims must be ``-1`` or their current extent."""
-    target = int_entries("expand", "size", shape_arg(sizes))
+    raw = shape_arg(sizes)
+    grown = folds.expand_extents(nt, raw)  # a static 1 expanded to sizes read from a shape: a new ragged dim
+    if grown is not None:
+        return grown
+    target = int_entries("expand", "size", raw)
     if len(target) != nt.dim():
         raise StructureError(
             f"expand(): target {tuple(target)} must have {nt.dim()} entries (batch included); "
@@ -346,13 +370,19 @@ def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
     return restructure(nt, values_of(nt)[tuple(vidx)], new)
 
 
-@implements(torch.repeat_interleave, torch.Tensor.repeat_interleave, accepts="packed; int repeats")
+@implements(torch.repeat_interleave, torch.Tensor.repeat_interleave, accepts="packed; int, size read from a shape or 1-D tensor repeats")
 def repeat_interleave(func, nt: NestedTensor, repeats=None, dim=None, *, output_size=None) -> Tensor:
-    """``x.repeat_interleave(1, dim=0)`` (boltz's pair bias with diffusion multiplicity 1) is a
-    copy with the same structure; any other form takes the path it takes without this handler
-    (torch's decomposition into handled ATen ops, else the per-sample fallback)."""
+    """Along the batch dim, every sample repeated in place: ``x.repeat_interleave(1, dim=0)``
+    (boltz's pair bias with diffusion multiplicity 1) is a copy with the same structure;
+    ``r`` repeats every sample ``r`` times, a size read from a shape (``z.shape[1]``) repeats
+    sample ``b`` by its own size (the bias of every folded row,
+    :func:`padless.ops.rows.folds.repeat_batch`). Any other form takes the path it takes
+    without this handler (torch's decomposition into handled ATen ops, else the per-sample
+    fallback)."""
     if isinstance(repeats, int) and repeats == 1 and dim is not None and outer_dim(nt, dim, "repeat_interleave") == 0:
         return nested_from_values(values_of(nt).clone(), nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
+    if dim is not None and isinstance(nt, NestedTensor) and outer_dim(nt, dim, "repeat_interleave") == 0:
+        return folds.repeat_batch(nt, repeats)  # (b r) ...: every sample repeated (padless.ops.rows.folds)
     from padless.tensor.core import _TLS, NeedsPerSample
     from padless.tensor.fallback import per_sample_function
 

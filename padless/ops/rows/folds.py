@@ -1,0 +1,487 @@
+"""Folds: the first dim of every sample folded into the batch, and unfolded back.
+
+A batch of B samples ``(N_i, N_i, d)`` stored row-major is also a batch of ``sum N_i``
+samples ``(N_i, d)``: row ``i`` of sample ``b`` is sample ``(b, i)``. Code written for
+padded batches reaches it by a reshape of the batch dim (AlphaFold's triangle attention,
+einops' ``rearrange(z, 'b i j d -> (b i) j d')``, fairseq's heads folded into the batch):
+
+==========================================  ==========================================  =====================
+padded code                                 on a NestedTensor                           cost
+==========================================  ==========================================  =====================
+``z.reshape(B * N, N, d)``, ``-1`` for B*N  fold the leading ragged dim: ``sum N_i``    no copy (rows stay)
+(``z`` of ``(N_i, N_i, d)``)                samples ``(N_i, d)``
+the same of a transposed ``(N_i, M_i)``     fold dim 0, stored second                   one row gather
+``x.reshape(B * H, L, d)`` (``x`` of        fold a static dim: ``B*H`` samples          one gather (heads are
+``(H, L_i, d)``), ``x.flatten(0, 1)``       ``(L_i, d)``, sample ``(b, h)`` is ``x[b, h]``  interleaved in rows)
+``o.reshape(B, N, N, d)``,                  unfold: the inverse of the fold             none (ragged fold);
+``o.unflatten(0, (B, N))``                                                              one gather (static)
+``bias.repeat_interleave(N, dim=0)``        every sample repeated per row of its        one gather
+                                            sample: sample ``(b, i)`` is ``bias[b]``
+``bias.unsqueeze(1).expand(B, N, ...)``     a static extent 1 expanded to sizes read    one gather; the fold
+                                            from a shape: a new ragged dim              that follows is free
+==========================================  ==========================================  =====================
+
+The folded batch keeps a :class:`FoldLink` to its parent (the number of folded samples per
+parent sample, a few ints: never the parent's structure or caches), carried by every op that
+keeps the rows (linear, norms, attention, transposes, static reshapes), so the unfold
+``reshape(B, N, N, d)`` resolves exactly. Without a link (the rows went through a pair
+product, ``softmax(q @ k^T) @ v``), sizes read from the parent's shape (``N = z.shape[1]``,
+an :class:`~padless.tensor.extents.Extent`) give each parent sample its own count. An unfold
+target that matches neither is refused, naming the rewrite.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import threading
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.ops.common import content
+from padless.ops.common.host import host_structure, int_entries
+from padless.ops.common.structure import call
+from padless.ops.rows import folds_traced
+from padless.ops.rows.shape_rows import relayout
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.core import ROW_LEVEL_KEYS, NestedTensor, StructureMeta, _is_traced
+from padless.tensor.errors import StructureError
+from padless.tensor.extents import Extent
+
+__all__ = ["FoldLink", "fold", "fold_link", "unfold", "fold_reshape", "unfold_reshape", "repeat_batch", "expand_extents"]
+
+FOLD_LINK = "fold_link"
+if FOLD_LINK not in ROW_LEVEL_KEYS:  # ops that keep the rows (linear, attention, transposes) keep the link
+    ROW_LEVEL_KEYS.append(FOLD_LINK)
+_KEY = (FOLD_LINK,)
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldLink:
+    """How a folded batch regroups into the batch it was folded from.
+
+    ``kind`` is ``"ragged"`` (a ragged dim folded: parent sample ``b`` gave ``counts[b]``
+    samples, its extent along that dim) or ``"static"`` (a static dim of extent ``extent``
+    folded: every parent sample gave ``extent`` samples). ``extent`` is the folded dim's
+    envelope in the parent (what an unfold target names). Host ints; under ``torch.compile``
+    ``counts`` is a device tensor and ``extent`` a symbol (:mod:`padless.ops.rows.folds_traced`).
+    """
+
+    kind: str
+    counts: tuple[int, ...] | Tensor
+    extent: int | torch.SymInt
+
+    @property
+    def batch_size(self) -> int:
+        """Samples of the parent batch (a size under torch.compile, where ``counts`` is a tensor)."""
+        return self.counts.shape[0] if isinstance(self.counts, Tensor) else len(self.counts)
+
+
+def fold_link(nt: NestedTensor) -> FoldLink | None:
+    """The :class:`FoldLink` of a folded batch (None for a batch that was not folded, or when
+    several folds of different parents had its sample sizes)."""
+    found = links(nt)
+    return found[0] if len(found) == 1 else None
+
+
+#: Folds seen lately, by the sample sizes of the folded batch (:func:`_signature`): the link of
+#: a folded batch whose rows went through an op that builds a new structure (the pair product
+#: of ``softmax(q @ k^T) @ v``) is found again by content. At most :data:`REGISTRY_ENTRIES`
+#: entries (least recently used go first), each a few links of host ints.
+_REGISTRY: collections.OrderedDict = collections.OrderedDict()
+REGISTRY_ENTRIES = 256
+_LOCK = threading.Lock()
+
+
+def _signature(nt: NestedTensor) -> tuple | None:
+    """Batch size and every sample's extent along its first stored ragged dim (host bytes)."""
+    hs = nt._meta.host_sizes
+    if hs is None or not nt._ragged:
+        return None
+    return (hs.shape[0], hs[:, nt._ragged[0]].numpy().tobytes())
+
+
+def _remember(folded: NestedTensor, link: FoldLink) -> None:
+    sig = _signature(folded)
+    if sig is None:
+        return
+    with _LOCK:
+        held = _REGISTRY.pop(sig, frozenset())
+        _REGISTRY[sig] = held | {link}
+        while len(_REGISTRY) > REGISTRY_ENTRIES:
+            _REGISTRY.popitem(last=False)
+
+
+def links(nt: NestedTensor) -> list[FoldLink]:
+    """The folds ``nt`` may come from: its own link (carried by ops that keep the rows), else the
+    recent folds whose folded batch had ``nt``'s sample sizes."""
+    link = nt._meta.derived.get(_KEY)
+    if link is not None:
+        return [link]
+    if not _REGISTRY:
+        return []
+    sig = _signature(nt)
+    with _LOCK:
+        held = _REGISTRY.get(sig) if sig is not None else None
+        if held is not None:
+            _REGISTRY.move_to_end(sig)
+    return sorted(held, key=lambda k: (k.kind, k.counts)) if held else []
+
+
+def _linked(out: NestedTensor, link: FoldLink) -> NestedTensor:
+    out._meta.derived[_KEY] = link
+    _remember(out, link)
+    return out
+
+
+def folded_batch_entry(nt: NestedTensor, raw: list) -> list:
+    """``raw`` with its batch entry read as this batch: in a batch folded from ``B`` samples of
+    envelope ``n``, padded code writes the batch as ``B * n`` (``q.view(B * N, N, H, d)``)."""
+    if not raw:
+        return raw
+    lead = raw[0]
+    if not isinstance(lead, (int, torch.SymInt)) or isinstance(lead, bool) or folds_traced.same(lead, -1):
+        return raw
+    if folds_traced.same(lead, nt.batch_size):
+        return raw
+    if _traced(nt):
+        own = nt._meta.derived.get(_KEY)
+        found = own is not None and folds_traced.same(lead, own.batch_size * own.extent)
+    else:
+        found = any(k.batch_size * k.extent == lead for k in links(nt))
+    return [nt.batch_size, *raw[1:]] if found else raw
+
+
+# ---------------------------------------------------------------------------- fold
+
+
+def fold(nt: NestedTensor, op: str = "fold") -> NestedTensor:
+    """Sample dim 0 of every sample folded into the batch (the module table): a ragged dim
+    stored first keeps the rows (no copy), a ragged dim stored later costs one row gather,
+    a static dim one gather."""
+    if nt.sample_dim < 1:
+        raise StructureError(f"{op}(): samples have no dim to fold into the batch")
+    traced = _traced(nt)
+    if 0 in nt._ragged:
+        if nt._ragged[0] != 0:  # (N_i, M_i) stored as (1, 0): bring dim 0 first (one gather)
+            nt = relayout(nt, (0, *[r for r in nt._ragged if r != 0]))
+        return folds_traced.fold_ragged(nt, FoldLink, _KEY) if traced else _fold_ragged(nt, op)
+    return folds_traced.fold_static(nt, FoldLink, _KEY) if traced else _fold_static(nt, op)
+
+
+def _traced(nt: NestedTensor) -> bool:
+    """Inside a compiled graph: sizes are runtime tensors and there is no host metadata."""
+    return nt._meta.host_sizes is None and _is_traced(nt._sizes)
+
+
+def _fold_ragged(nt: NestedTensor, op: str) -> NestedTensor:
+    hit = nt._meta.derived.get(("fold", "ragged"))
+    ragged = tuple(r - 1 for r in nt._ragged[1:])
+    env = nt._env[1:]
+    if hit is None:
+        hs, ho = host_structure(nt, op)
+        n = hs[:, 0]
+        rows = ho[1:] - ho[:-1]
+        per = torch.where(n > 0, rows // n.clamp_min(1), torch.zeros_like(rows))  # rows of each folded sample
+        s = int(n.sum())
+        new_hs = hs[:, 1:].repeat_interleave(n, dim=0)
+        first = (n.cumsum(0) - n).repeat_interleave(n, output_size=s)
+        starts = ho[:-1].repeat_interleave(n, output_size=s) + (torch.arange(s) - first) * per.repeat_interleave(n, output_size=s)
+        new_ho = torch.cat([starts, ho[-1:]])
+        meta = StructureMeta(new_hs, new_ho)
+        meta.derived[_KEY] = FoldLink("ragged", tuple(n.tolist()), int(nt._env[0]))
+        hit = (_to(new_ho, nt), _to(new_hs, nt), meta)
+        nt._meta.derived[("fold", "ragged")] = hit
+    offsets, sizes, meta = hit
+    out = nested_from_values(values_of(nt), offsets, sizes, ragged, env, meta)
+    _remember(out, meta.derived[_KEY])
+    return out
+
+
+def _fold_static(nt: NestedTensor, op: str) -> NestedTensor:
+    h = int(nt._env[0])
+    key = ("fold", "static", h)
+    hit = nt._meta.derived.get(key)
+    if hit is None:
+        hs, ho = host_structure(nt, op)
+        b = hs.shape[0]
+        rows = ho[1:] - ho[:-1]
+        new_hs = hs[:, 1:].repeat_interleave(h, dim=0)
+        counts = rows.repeat_interleave(h)  # rows of sample (b, h)
+        new_ho = layout.offsets_from_counts(counts)
+        total = int(new_ho[-1])
+        sample = torch.arange(b * h).repeat_interleave(counts, output_size=total)
+        within = torch.arange(total) - new_ho[:-1].repeat_interleave(counts, output_size=total)
+        row_idx = ho[:-1][sample // h] + within if h else within
+        head_idx = sample % h if h else sample
+        meta = StructureMeta(new_hs, new_ho)
+        meta.derived[_KEY] = FoldLink("static", (h,) * b, h)
+        hit = (_to(new_ho, nt), _to(new_hs, nt), meta, _to(row_idx, nt), _to(head_idx, nt))
+        nt._meta.derived[key] = hit
+    offsets, sizes, meta, row_idx, head_idx = hit
+    vals = values_of(nt)[row_idx, head_idx]  # (sum over (b, h) of rows, *other static): the one gather
+    out = nested_from_values(vals, offsets, sizes, tuple(r - 1 for r in nt._ragged), nt._env[1:], meta)
+    _remember(out, meta.derived[_KEY])
+    return out
+
+
+def _to(t: Tensor, like: NestedTensor) -> Tensor:
+    dev = like._offsets.device
+    return t if dev.type == "cpu" else t.to(dev, non_blocking=True)
+
+
+# ---------------------------------------------------------------------------- unfold
+
+
+def unfold(nt: NestedTensor, counts: Sequence[int], kind: str, op: str = "unfold",
+           extents: Sequence[Any] = ()) -> NestedTensor:
+    """The inverse of :func:`fold`: consecutive samples regrouped into ``len(counts)`` samples
+    (``counts[b]`` of them each) along a new leading dim, ragged (``kind="ragged"``, rows
+    unchanged) or static (``"static"``, every count equal: one gather). ``extents`` may give
+    the sizes of an empty parent sample's other dims (sizes read from its shape)."""
+    counts = [int(c) for c in counts]
+    s = sum(counts)
+    if s != nt.batch_size:
+        raise StructureError(
+            f"{op}(): the {nt.batch_size} samples cannot be regrouped into {len(counts)} samples of "
+            f"{tuple(counts)} each (those hold {s})"
+        )
+    hs, ho = host_structure(nt, op)
+    c = torch.tensor(counts, dtype=torch.int64)
+    starts = c.cumsum(0) - c
+    if s:
+        lead = hs[starts.clamp_max(s - 1).repeat_interleave(c, output_size=s)]
+        bad = (hs != lead).any(1).nonzero()
+        if len(bad):
+            j = int(bad[0, 0])
+            b = int(torch.searchsorted(c.cumsum(0), torch.tensor(j), right=True))
+            raise StructureError(
+                f"{op}(): samples {int(starts[b])}..{int(starts[b]) + counts[b] - 1} become sample {b}, but sample {j} "
+                f"has shape {tuple(hs[j].tolist())} and sample {int(starts[b])} {tuple(hs[int(starts[b])].tolist())}: "
+                "the samples of one group must have one shape"
+            )
+    rows = hs.new_zeros((len(counts), hs.shape[1]))
+    for j, e in enumerate(extents[: hs.shape[1]]):  # an empty group's sizes, when a shape names them
+        if isinstance(e, Extent) and e.batch_size == len(counts):
+            rows[:, j] = torch.tensor(e.per_sample(), dtype=torch.int64)
+        elif type(e) is int and j not in nt._ragged:
+            rows[:, j] = e
+    for j in range(hs.shape[1]):
+        if j not in nt._ragged:
+            rows[:, j] = nt._values.shape[1 + layout.static_dims(nt.sample_dim, nt._ragged).index(j)]
+    nonempty = c > 0
+    if s:
+        rows[nonempty] = hs[starts[nonempty]]
+    new_hs = torch.cat([c[:, None], rows], 1)
+    if kind == "ragged":
+        new_ho = torch.cat([ho[starts], ho[-1:]]) if len(counts) else ho[-1:]
+        ragged = (0, *[r + 1 for r in nt._ragged])
+        env = [int(new_hs[:, 0].max()) if len(counts) else 0, *nt._env]
+        return nested_from_values(values_of(nt), _to(new_ho, nt), _to(new_hs, nt), ragged, env, StructureMeta(new_hs, new_ho))
+    h = counts[0] if counts else 0
+    if any(k != h for k in counts):
+        raise StructureError(f"{op}(): a static dim needs the same count in every group, got {tuple(counts)}")
+    return _unfold_static(nt, new_hs, ho, h, op)
+
+
+def _unfold_static(nt: NestedTensor, new_hs: Tensor, ho: Tensor, h: int, op: str) -> NestedTensor:
+    b = new_hs.shape[0]
+    rows = (ho[1:] - ho[:-1]).view(b, h)[:, 0] if h else torch.zeros(b, dtype=torch.int64)
+    new_ho = layout.offsets_from_counts(rows)
+    total = int(new_ho[-1])
+    key = ("unfold_static", h, content.structure_key(nt))
+    idx = content.get(key) if key[2] is not None else None
+    if idx is None:
+        sample = torch.arange(b).repeat_interleave(rows, output_size=total)
+        within = torch.arange(total) - new_ho[:-1].repeat_interleave(rows, output_size=total)
+        # parent row r of sample b holds, for every h, folded row ho[b*h + h'] + r
+        idx = (ho[:-1].view(b, h)[sample] + within[:, None]).reshape(-1) if h else torch.zeros(0, dtype=torch.int64)
+        idx = _to(idx, nt)
+        if key[2] is not None:
+            content.put(key, idx)
+    vals = values_of(nt)
+    out = vals.index_select(0, idx).view(total, h, *vals.shape[1:])
+    ragged = tuple(r + 1 for r in nt._ragged)
+    env = [h, *nt._env]
+    for r in ragged:
+        env[r] = int(new_hs[:, r].max()) if b else 0
+    return nested_from_values(out, _to(new_ho, nt), _to(new_hs, nt), ragged, env, StructureMeta(new_hs, new_ho))
+
+
+# ---------------------------------------------------------------------------- reshape targets
+
+
+def _rest_reshape(nt: NestedTensor, rest: Sequence[Any], op: str) -> NestedTensor:
+    """``nt`` reshaped to ``(its batch, *rest)`` as plain ints (the dims inside every sample)."""
+    target = [nt.batch_size, *[int(e) if isinstance(e, Extent) else e for e in rest]]
+    if len(target) == nt.dim() and all(folds_traced.same(a, t) for a, t in zip(nt.shape, target)):
+        return nt
+    func = torch.Tensor.view if op == "view" else torch.Tensor.reshape
+    return call(func, nt, target)
+
+
+def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor | None:
+    """``reshape``/``view`` whose target folds sample dim 0 into the batch, ``(B * n, *rest)``
+    (``n`` that dim's envelope, or ``-1``), or None."""
+    if not raw or nt.sample_dim < 2:
+        return None
+    lead = raw[0]
+    b, n = nt.batch_size, nt._env[0]
+    if not isinstance(lead, (int, torch.SymInt)) or isinstance(lead, bool):
+        return None
+    if folds_traced.same(lead, -1):
+        if 0 in nt._ragged and len(nt._ragged) < 2:
+            return None  # x.reshape(-1, C) of sequences: every row (shape_idioms.flatten_rows)
+        if not nt._ragged:
+            return None
+    elif not folds_traced.same(lead, b * n):
+        return None
+    folded = fold(nt, op)
+    try:
+        return _rest_reshape(folded, raw[1:], op)
+    except StructureError as e:
+        if folds_traced.same(lead, -1):
+            return None  # not a fold after all (x.reshape(-1, C) of pairs: every row)
+        raise StructureError(
+            f"{op}(): the target {_fmt(raw)} folds dim 1 of envelope {tuple(nt.shape)} into the batch "
+            f"({folded.batch_size} samples of envelope {tuple(folded.shape[1:])}), and then: {e}"
+        ) from None
+
+
+def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor | None:
+    """``reshape``/``view`` to ``(B, n, *rest)`` of a folded batch (its link names ``B`` and
+    ``n``), or of any batch when ``n`` is a size read from the shape of a batch of ``B``
+    samples whose counts add up to this batch; None otherwise."""
+    if len(raw) < 2:
+        return None
+    lead, n = raw[0], raw[1]
+    if not all(isinstance(e, (int, torch.SymInt)) and not isinstance(e, bool) for e in (lead, n)):
+        return None
+    if folds_traced.same(lead, nt.batch_size):
+        return None  # the batch stays: a reshape inside every sample (B == sum N_i only when every N_i is 1)
+    own = nt._meta.derived.get(_KEY)
+    if _traced(nt):
+        if own is None or not (folds_traced.same(lead, own.batch_size) and folds_traced.same(n, own.extent)):
+            return None
+        return folds_traced.unfold(_rest_reshape(nt, raw[2:], op), own)
+    if isinstance(n, Extent) and n.batch_size == lead:
+        counts = n.per_sample()  # sizes read from the parent's shape: each parent its own count
+        if sum(counts) != nt.batch_size:
+            raise StructureError(
+                f"{op}(): {_fmt(raw)} regroups this batch of {nt.batch_size} samples into {lead} samples of "
+                f"{tuple(counts)} each (sizes read from a shape), which hold {sum(counts)} samples"
+            )
+        kinds = {k.kind for k in links(nt) if list(k.counts) == counts}
+        return _unfold_target(nt, counts, "static" if kinds == {"static"} else "ragged", raw, op)
+    found = [k for k in links(nt) if k.batch_size == lead and k.extent == n]
+    if len(found) == 1:
+        return _unfold_target(nt, list(found[0].counts), found[0].kind, raw, op)
+    if len(found) > 1:
+        raise StructureError(
+            f"{op}(): {_fmt(raw)} could unfold this batch of {nt.batch_size} samples in {len(found)} ways (recent "
+            f"folds of different batches gave these sample sizes: {[k.counts for k in found]}); read the size "
+            "from the batch that was folded (N = z.shape[1] before folding) so each sample gets its own count"
+        )
+    if own is not None and lead == own.batch_size:
+        raise StructureError(
+            f"{op}(): this batch of {nt.batch_size} samples was folded from {own.batch_size} samples "
+            f"(a {own.kind} dim of envelope {own.extent}); the target {_fmt(raw)} does not unfold it: "
+            f"write it as ({own.batch_size}, {own.extent}, ...) (the folded dim first, its envelope or a "
+            "size read from the batch's shape)"
+        )
+    return None
+
+
+def _unfold_target(nt: NestedTensor, counts: list[int], kind: str, raw: Sequence[Any], op: str) -> NestedTensor:
+    inner = _rest_reshape(nt, raw[2:], op)
+    return unfold(inner, counts, kind, op, extents=raw[2:])
+
+
+def _fmt(raw: Sequence[Any]) -> str:
+    return "(" + ", ".join(str(int(e)) if isinstance(e, int) else str(e) for e in raw) + ")"
+
+
+# ---------------------------------------------------------------------------- repeats
+
+
+def repeat_batch(nt: NestedTensor, repeats: Any, op: str = "repeat_interleave") -> NestedTensor:
+    """``x.repeat_interleave(r, dim=0)``: every sample repeated ``r`` times in place (sample
+    ``b`` becomes samples ``b*r .. b*r+r-1``). ``r`` read from a shape (``z.shape[1]``) repeats
+    sample ``b`` by sample ``b``'s own size; a 1-D tensor gives one count per sample. One gather."""
+    b = nt.batch_size
+    if _traced(nt):
+        raise folds_traced.refuse(op, "repeating every sample along the batch dim")
+    if isinstance(repeats, Extent):
+        if repeats.batch_size != b:
+            raise StructureError(
+                f"{op}(): repeats = {int(repeats)} was read from the shape of a batch of {repeats.batch_size} samples "
+                f"and this batch has {b}; a size read from a shape repeats every sample by its own size. "
+                f"Pass int(...) to repeat every sample {int(repeats)} times"
+            )
+        counts = repeats.per_sample()
+    elif isinstance(repeats, Tensor):
+        if repeats.dim() == 0:
+            counts = [int(repeats)] * b
+        elif repeats.dim() == 1 and repeats.numel() in (1, b):
+            counts = repeats.tolist() * (b if repeats.numel() == 1 else 1)
+        else:
+            raise StructureError(f"{op}(): repeats must hold 1 or {b} counts along the batch dim, got shape {tuple(repeats.shape)}")
+    else:
+        counts = [int(repeats)] * b
+    if any(c < 0 for c in counts):
+        raise StructureError(f"{op}(): repeats must be non-negative, got {tuple(counts)}")
+    hs, ho = host_structure(nt, op)
+    c = torch.tensor(counts, dtype=torch.int64)
+    s = int(c.sum())
+    new_hs = hs.repeat_interleave(c, dim=0, output_size=s)
+    rows = (ho[1:] - ho[:-1]).repeat_interleave(c, output_size=s)
+    new_ho = layout.offsets_from_counts(rows)
+    total = int(new_ho[-1])
+    src = ho[:-1].repeat_interleave(c, output_size=s).repeat_interleave(rows, output_size=total)
+    idx = src + torch.arange(total) - new_ho[:-1].repeat_interleave(rows, output_size=total)
+    vals = values_of(nt).index_select(0, _to(idx, nt))
+    env = list(nt._env)
+    for r in nt._ragged:
+        env[r] = int(new_hs[:, r].max()) if s else 0
+    return nested_from_values(vals, _to(new_ho, nt), _to(new_hs, nt), nt._ragged, env, StructureMeta(new_hs, new_ho))
+
+
+def expand_extents(nt: NestedTensor, target: Sequence[Any], op: str = "expand") -> NestedTensor | None:
+    """``expand`` whose target gives a static dim of extent 1 a size read from a shape of this
+    batch (an :class:`Extent`): each sample is expanded to its own size, a new ragged dim (one
+    row gather; stored where it keeps sample-dim order). None when no such entry."""
+    if len(target) != nt.dim() or _is_traced(nt._values):
+        return None
+    new = [p for p, t in enumerate(target[1:]) if isinstance(t, Extent) and p not in nt._ragged
+           and int(nt._env[p]) == 1 and t.batch_size == nt.batch_size]
+    if not new:
+        return None
+    hs, ho = host_structure(nt, op)
+    hs = hs.clone()
+    for p in new:
+        hs[:, p] = torch.tensor(target[p + 1].per_sample(), dtype=torch.int64)
+    order = list(nt._ragged)
+    for p in new:  # a new ragged dim goes before the first stored dim that comes after it
+        order.insert(next((j for j, r in enumerate(order) if r > p), len(order)), p)
+    ragged = tuple(order)
+    new_ho = layout.offsets_from_counts(layout.row_counts(hs, ragged))
+    skey = content.structure_key(nt)
+    key = ("expand_extents", ragged, skey, hs.numpy().tobytes())
+    idx = content.get(key) if skey is not None else None
+    if idx is None:  # every new row reads the row of its sample with the new dims' coordinates dropped
+        idx = _to(layout.broadcast_rows(hs, new_ho, ragged, hs, ho, nt._ragged, int(new_ho[-1])), nt)
+        if skey is not None:
+            content.put(key, idx)
+    old_static = layout.static_dims(nt.sample_dim, nt._ragged)
+    vals = values_of(nt).index_select(0, idx).squeeze(tuple(1 + old_static.index(p) for p in new))
+    env = list(nt._env)
+    for p in new:
+        env[p] = int(hs[:, p].max()) if hs.shape[0] else 0
+    out = nested_from_values(vals, _to(new_ho, nt), _to(hs, nt), ragged, env, StructureMeta(hs, new_ho))
+    rest = [-1] + [-1 if p in ragged else t for p, t in enumerate(target[1:])]
+    if any(t != -1 and t != out._env[p - 1] for p, t in enumerate(rest) if p):
+        return call(torch.Tensor.expand, out, rest)  # static dims expanded in the same call
+    return out

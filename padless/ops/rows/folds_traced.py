@@ -1,0 +1,118 @@
+"""Folds under ``torch.compile``: the same structures as :mod:`padless.ops.rows.folds`, built
+from the device sizes and offsets with tensor arithmetic only (no host read).
+
+The folded batch of a ragged fold has ``sum N_i`` samples, a count no input size gives: it is
+an unbacked size (:func:`padless.tensor.traced.traced_sum`), so batches of any lengths run in
+one graph. The link to the parent holds the parent's extents along the folded dim as a tensor
+and its envelope as a symbol; an unfold finds it on the folded batch's structure (ops that
+keep the rows carry it). Sizes read from a shape are plain symbols here (no
+:class:`~padless.tensor.extents.Extent`), so the unfold of a batch whose link was lost (the
+pair product of ``softmax(q @ k^T) @ v``) and the per-row repeats of a bias are refused
+(:func:`refuse`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from padless.tensor import layout
+from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.core import NestedTensor, StructureMeta
+from padless.tensor.traced import traced_sum
+
+__all__ = ["fold_ragged", "fold_static", "unfold", "same", "refuse"]
+
+
+def same(a: Any, b: Any) -> bool:
+    """``a == b`` for sizes, without a guard on a symbol (False unless known)."""
+    if type(a) is int and type(b) is int:
+        return a == b
+    if isinstance(a, int) and isinstance(b, int) and not isinstance(a, torch.SymInt) and not isinstance(b, torch.SymInt):
+        return int(a) == int(b)
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(a == b))
+
+
+def fold_ragged(nt: NestedTensor, link_type: type, key: tuple) -> NestedTensor:
+    """Sample dim 0 (ragged, stored first) folded into the batch; the rows stay."""
+    sizes, offsets = nt._sizes, nt._offsets
+    n = sizes[:, 0]
+    s = traced_sum(n)
+    rows = offsets[1:] - offsets[:-1]
+    per = torch.where(n > 0, torch.div(rows, n.clamp_min(1), rounding_mode="floor"), torch.zeros_like(rows))
+    new_sizes = sizes[:, 1:].repeat_interleave(n, dim=0, output_size=s)
+    first = (n.cumsum(0) - n).repeat_interleave(n, output_size=s)
+    local = torch.arange(s, device=n.device) - first
+    starts = offsets[:-1].repeat_interleave(n, output_size=s) + local * per.repeat_interleave(n, output_size=s)
+    new_offsets = torch.cat([starts, offsets[-1:]])
+    meta = StructureMeta()
+    meta.derived[key] = link_type("ragged", n, nt._env[0])
+    ragged = tuple(r - 1 for r in nt._ragged[1:])
+    return nested_from_values(values_of(nt), new_offsets, new_sizes, ragged, nt._env[1:], meta)
+
+
+def fold_static(nt: NestedTensor, link_type: type, key: tuple) -> NestedTensor:
+    """Sample dim 0 (static, extent ``h``) folded into the batch: one gather."""
+    sizes, offsets = nt._sizes, nt._offsets
+    h = nt._env[0]
+    b = sizes.shape[0]
+    vals = values_of(nt)
+    rows = offsets[1:] - offsets[:-1]
+    counts = rows.repeat_interleave(h)
+    new_offsets = layout.offsets_from_counts(counts)
+    total = vals.shape[0] * h
+    sample = torch.arange(b * h, device=rows.device).repeat_interleave(counts, output_size=total)
+    within = torch.arange(total, device=rows.device) - new_offsets[:-1].index_select(0, sample)
+    row_idx = offsets[:-1].index_select(0, torch.div(sample, h, rounding_mode="floor")) + within
+    head_idx = torch.remainder(sample, h)
+    meta = StructureMeta()
+    meta.derived[key] = link_type("static", torch.full_like(rows, h), h)
+    new_sizes = sizes[:, 1:].repeat_interleave(h, dim=0)
+    return nested_from_values(vals[row_idx, head_idx], new_offsets, new_sizes, tuple(r - 1 for r in nt._ragged), nt._env[1:], meta)
+
+
+def unfold(nt: NestedTensor, link: Any) -> NestedTensor:
+    """The inverse of the fold ``link`` records (its counts a device tensor)."""
+    c = link.counts
+    sizes, offsets = nt._sizes, nt._offsets
+    s = sizes.shape[0]
+    if link.kind == "static":
+        return _unfold_static(nt, link.extent, c.shape[0])
+    starts = c.cumsum(0) - c
+    static = dict(zip(layout.static_dims(nt.sample_dim, nt._ragged), nt._values.shape[1:]))
+    empty = [static.get(j, 0) for j in range(nt.sample_dim)]  # an empty group: ragged extents 0, static kept
+    row = sizes.new_tensor(empty) if all(type(e) is int for e in empty) else sizes.new_zeros(nt.sample_dim)
+    padded = torch.cat([sizes, row[None]])
+    lead = padded.index_select(0, torch.where(c > 0, starts, torch.full_like(starts, s)))
+    new_sizes = torch.cat([c[:, None], lead], 1)
+    new_offsets = torch.cat([offsets.index_select(0, starts), offsets[-1:]])
+    ragged = (0, *[r + 1 for r in nt._ragged])
+    return nested_from_values(values_of(nt), new_offsets, new_sizes, ragged, [link.extent, *nt._env], StructureMeta())
+
+
+def _unfold_static(nt: NestedTensor, h: Any, b: Any) -> NestedTensor:
+    sizes, offsets = nt._sizes, nt._offsets
+    vals = values_of(nt)
+    rows = (offsets[1:] - offsets[:-1]).view(b, h)[:, 0]
+    new_offsets = layout.offsets_from_counts(rows)
+    total = torch.div(vals.shape[0], h, rounding_mode="floor") if not isinstance(h, int) else vals.shape[0] // h
+    sample = layout.row_sample_ids(new_offsets, total)
+    within = torch.arange(total, device=rows.device) - new_offsets[:-1].index_select(0, sample)
+    idx = (offsets[:-1].view(b, h).index_select(0, sample) + within[:, None]).reshape(-1)
+    out = vals.index_select(0, idx).view(total, h, *vals.shape[1:])
+    new_sizes = torch.cat([torch.full_like(rows, h)[:, None], sizes.view(b, h, -1)[:, 0]], 1)
+    ragged = tuple(r + 1 for r in nt._ragged)
+    return nested_from_values(out, new_offsets, new_sizes, ragged, [h, *nt._env], StructureMeta())
+
+
+def refuse(op: str, what: str) -> NotImplementedError:
+    return NotImplementedError(
+        f"{op}(): {what} under torch.compile: sizes read from a shape are plain symbols there, with no "
+        "per-sample meaning. Fold with a reshape inside the compiled region and unfold the batch it gave "
+        "(ops that keep the rows carry the fold's link; a pair product such as q @ k.transpose(-1, -2) does "
+        "not: use F.scaled_dot_product_attention), or run this step eagerly"
+    )

@@ -1,0 +1,102 @@
+"""Folds under torch.compile (padless.ops.rows.folds_traced): one graph (aot_eager, fullgraph)
+over batches whose size and lengths change, outputs and gradients equal to eager, which
+tests/ops/test_folds.py and test_seq_first.py check against the dense code per sample."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import padless
+
+D, H, DH = 8, 2, 4
+# No first batch with B equal to its longest sample (duck sizing would tie them); an empty sample last.
+CHANGING = [[4, 1, 2], [2, 5, 1, 3], [6, 2, 3, 1, 2], [2, 0, 3]]
+
+
+class RowAttention(nn.Module):
+    """Attention over the rows of a pair state, rows folded into the batch."""
+
+    def __init__(self, sdpa: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.sdpa = sdpa
+        self.q, self.k, self.v = (nn.Linear(D, H * DH) for _ in range(3))
+        self.o = nn.Linear(H * DH, D)
+
+    def forward(self, z):
+        B, N = z.shape[0], z.shape[1]
+        zf = z.reshape(B * N, N, D)
+        q, k, v = (lin(zf).view(B * N, N, H, DH).transpose(1, 2) for lin in (self.q, self.k, self.v))
+        if self.sdpa:
+            o = F.scaled_dot_product_attention(q, k, v)
+        else:
+            o = ((q @ k.transpose(-1, -2)) / math.sqrt(DH)).softmax(-1) @ v
+        o = self.o(o.transpose(1, 2).reshape(B * N, N, H * DH))
+        return o.reshape(B, N, N, D)
+
+
+class Heads(nn.Module):
+    """Heads folded into the batch: batch-first (``view/transpose/reshape``) or sequence-first
+    (fairseq's ``view(T, B * H, d)``)."""
+
+    def __init__(self, seq_first: bool):
+        super().__init__()
+        torch.manual_seed(0)
+        self.seq_first = seq_first
+        self.qkv, self.ln = nn.Linear(D, 3 * D), nn.LayerNorm(D)
+
+    def forward(self, x):
+        if self.seq_first:
+            y = x.transpose(0, 1)
+            T, B, _ = y.size()
+            q, k, v = (t.contiguous().view(T, B * H, DH).transpose(0, 1) for t in self.qkv(self.ln(y)).chunk(3, dim=-1))
+            o = F.scaled_dot_product_attention(q, k, v).transpose(0, 1).contiguous().view(T, B, D)
+            return (y + F.gelu(o)).transpose(0, 1)
+        B, L, _ = x.shape
+        q, k, v = (t.view(B, L, H, DH).transpose(1, 2).reshape(B * H, L, DH) for t in self.qkv(x).chunk(3, dim=-1))
+        o = F.scaled_dot_product_attention(q, k, v)
+        return o.unflatten(0, (B, H)).transpose(1, 2).reshape(B, L, D)
+
+
+def _run_changing(module, make):
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, backend=cnt, fullgraph=True)
+    for i, ns in enumerate(CHANGING):
+        g = torch.Generator().manual_seed(i)
+        samples = make(ns, g)
+        x = padless.from_list(samples, ragged_dims=tuple(range(samples[0].dim() - 1)), requires_grad=True)
+        x2 = padless.from_list(samples, ragged_dims=x.ragged_dims, requires_grad=True)
+        out = compiled(x)
+        (out.values() ** 2).sum().backward()
+        ref = module(x2)
+        (ref.values() ** 2).sum().backward()
+        assert out.sizes().tolist() == ref.sizes().tolist()
+        torch.testing.assert_close(out.values(), ref.values(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.grad.values(), x2.grad.values(), atol=1e-5, rtol=1e-5)
+    assert cnt.frame_count == 1, f"{cnt.frame_count} graphs over {len(CHANGING)} batches"
+
+
+@pytest.mark.parametrize("sdpa", [True, False], ids=["sdpa", "softmax"])
+def test_folded_row_attention_one_graph(sdpa):
+    _run_changing(RowAttention(sdpa), lambda ns, g: [torch.randn(n, n, D, generator=g) for n in ns])
+
+
+@pytest.mark.parametrize("seq_first", [False, True], ids=["batch_first", "seq_first"])
+def test_heads_folded_into_the_batch_one_graph(seq_first):
+    _run_changing(Heads(seq_first), lambda ns, g: [torch.randn(n, D, generator=g) for n in ns])
+
+
+def test_per_row_repeats_are_refused_under_compile():
+    z = padless.from_list([torch.randn(n, n, H) for n in (3, 1, 2)], ragged_dims=(0, 1))
+
+    def f(z):
+        return z.permute(0, 3, 1, 2).repeat_interleave(z.shape[1], dim=0)
+
+    with pytest.raises(Exception, match=r"repeat_interleave\(\): repeating every sample along the batch dim under torch.compile"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(z)
