@@ -20,6 +20,7 @@ from torch import Tensor
 from padless.tensor import layout, validate
 from padless.tensor.dynamo import _is_traced, _mark_new, _TRACED_TYPES, source_fingerprint
 from padless.tensor.errors import StructureError
+from padless.tensor.lineage import Lineage, inherit
 from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent, writes_first_arg
 from padless.tensor.structure import (
     _EXACT_CARRIERS,
@@ -134,6 +135,7 @@ class NestedTensor(Tensor):
     _ragged: tuple[int, ...]
     _env: tuple
     _meta: StructureMeta
+    _lineage: Lineage | None = None  # the batch of samples it belongs to (padless.tensor.lineage)
 
     @staticmethod
     def __new__(
@@ -233,25 +235,26 @@ class NestedTensor(Tensor):
                 return _SKIP_ONE_HOP(func, types, args, kwargs)
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch._C.DisableTorchFunctionSubclass():  # every result joins its input's batch (tensor.lineage)
             if handler is not None:
-                return handler(func, *args, **kwargs)
+                return inherit(handler(func, *args, **kwargs), args, kwargs, NestedTensor)
             fast = FAST_POINTWISE.get(func)
             if fast is not None and not torch.compiler.is_compiling():
                 if not _needs_grad(args, kwargs):
-                    return fast(func, args, kwargs)
+                    return inherit(fast(func, args, kwargs), args, kwargs, NestedTensor)
                 out = (_pointwise_with_grad or _borrow("pointwise_with_grad"))(func, args, kwargs)
                 if out is not None:  # one structure: plain autograd on the rows (tensor.fast_grad)
-                    return out
+                    return inherit(out, args, kwargs, NestedTensor)
                 args, kwargs = (_guard_broadcast or _borrow("guard_broadcast"))(args, kwargs, func)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
             except NeedsPerSample as e:
                 per_sample_function = _per_sample_function or _borrow("per_sample_function")
-                return per_sample_function(func, args, kwargs, e.aten_op)
+                out = per_sample_function(func, args, kwargs, e.aten_op)
             finally:
                 _TLS.depth -= 1
+            return inherit(out, args, kwargs, NestedTensor)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -455,6 +458,7 @@ class NestedTensor(Tensor):
                 self._meta.host_offsets,
                 self.requires_grad,
                 carried_metadata(self),
+                self._lineage,  # one token per pickle: tensors of one batch stay one batch
             ),
         )
 
@@ -527,7 +531,8 @@ def values_of(nt: NestedTensor) -> Tensor:
 # ---------------------------------------------------------------------------- pickling
 
 
-def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None):
+def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None,
+                    lineage=None):
     """Unpickling entry point (registered as a safe global for ``torch.load(weights_only=True)``).
 
     Nothing read from a file is trusted: the structure is checked and the envelope
@@ -551,7 +556,9 @@ def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_o
         if not isinstance(carried, dict):
             raise StructureError(f"NestedTensor (unpickled): carried metadata must be a dict, got {type(carried).__name__}")
         restore_metadata(meta, carried, values, offsets, ragged)
-    return NestedTensor(values, offsets, sizes, ragged, tuple(env), meta, requires_grad=bool(requires_grad))
+    out = NestedTensor(values, offsets, sizes, ragged, tuple(env), meta, requires_grad=bool(requires_grad))
+    out._lineage = lineage if isinstance(lineage, Lineage) else Lineage()
+    return out
 
 
 # ---------------------------------------------------------------------------- helpers for handlers

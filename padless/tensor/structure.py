@@ -40,7 +40,7 @@ class StructureMeta:
     ``derived`` maps a key such as ``("cu_seqlens", device)`` to a cached tensor.
     """
 
-    __slots__ = ("host_sizes", "host_offsets", "derived")
+    __slots__ = ("host_sizes", "host_offsets", "derived", "__weakref__")  # weak: extents name it, never keep it
 
     def __init__(self, host_sizes: Tensor | None = None, host_offsets: Tensor | None = None):
         self.host_sizes = host_sizes

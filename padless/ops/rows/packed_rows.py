@@ -94,8 +94,8 @@ def _target(args: tuple, kwargs: dict) -> list | None:
 def _same_extent(want: int, got: int, origin: NestedTensor, d: int) -> bool:
     if got != want:
         return False
-    if isinstance(got, Extent) and got._src_sizes is not origin._sizes:
-        # read from another batch's shape: the same per-sample sizes are the same rows
+    if isinstance(got, Extent) and not got.read_from(origin):
+        # read from another structure's shape: the same per-sample sizes are the same rows
         if got.batch_size != origin.batch_size or got.per_sample() != origin.host_sizes()[:, d].tolist():
             return False
     return True
