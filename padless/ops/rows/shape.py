@@ -90,6 +90,12 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
         if flat is None:
             raise
         return flat
+    if target[0] == -1 and any(k == RAGGED and type(e) is int and e != -1 for (k, _), e in zip(dims, target[1:])):
+        # (-1, 1) of (L_i,) samples whose envelope is 1: a plain 1 fits the ragged dim by coincidence;
+        # read as at any other envelope, every real row (as the dense (B*L, 1))
+        flat = flatten_rows(nt, target, op)
+        if flat is not None:
+            return flat
     return _reshape_static(nt, dims, op)
 
 

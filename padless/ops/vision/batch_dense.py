@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops.common.dim0 import keeps_dim0
 from padless.tensor.construct import from_padded
 from padless.tensor.core import NestedTensor
 from padless.ops.vision.resample import SIZE_REWRITE
@@ -49,7 +50,9 @@ class BatchDense(Tensor):
             if func is Tensor.__repr__:
                 return out
             src = _source(args, kwargs)
-            return out if src is None else _keep(out, src.shape[0], src.__dict__.get("_lineage"))
+            if src is None or not keeps_dim0(func, args, kwargs, src, mixing=True):
+                return out  # dim 0 moved (p.transpose(0, 1), p[perm]): no longer the batch
+            return _keep(out, src.shape[0], src.__dict__.get("_lineage"))
 
 
 def batch_dense(t: Tensor, lineage: Any = None) -> BatchDense:
