@@ -91,6 +91,22 @@ def test_row_wise_work_keeps_the_rows(op):
     assert isinstance(back, padless.NestedTensor) and back.sizes()[:, 0].tolist() == [2, 2]
 
 
+@pytest.mark.parametrize("make", [torch.empty_like, torch.zeros_like], ids=["empty_like", "zeros_like"])
+def test_rows_filled_chunk_by_chunk_come_back(make):
+    """``out = torch.empty_like(rows)``, filled chunk by chunk, then reshaped to the batch's shape:
+    the batch's structure over the new values."""
+    samples = [torch.randn(3, 4), torch.randn(0, 4), torch.randn(5, 4)]
+    x = padless.from_list(samples)
+    other, rows = x.shape[:-1], x.reshape(-1, 4)
+    out = make(rows)
+    for s in range(0, rows.shape[0], 3):
+        out[s : s + 3] = torch.tanh(rows[s : s + 3])
+    y = out.reshape(*other, 4)
+    assert isinstance(y, padless.NestedTensor)
+    for got, xi in zip(y.unbind(), samples):
+        torch.testing.assert_close(got, torch.tanh(xi))
+
+
 # ---------------------------------------------------------------------------- pooled maps
 
 

@@ -28,7 +28,8 @@ __all__ = ["keeps_dim0"]
 _SAME = {
     "to", "float", "double", "half", "bfloat16", "type", "type_as", "contiguous", "clone", "detach", "detach_",
     "requires_grad_", "cpu", "cuda", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ipow__", "dropout",
-    "alpha_dropout", "feature_alpha_dropout", "zero_", "fill_", "copy_",
+    "alpha_dropout", "feature_alpha_dropout", "zero_", "fill_", "copy_", "empty_like", "zeros_like", "ones_like",
+    "full_like", "rand_like", "randn_like",
 }
 # row-wise layers of their first argument (the input), whatever the other arguments
 _INPUT_WISE = {"linear", "layer_norm", "rms_norm", "embedding", "expand", "expand_as"}
