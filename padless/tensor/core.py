@@ -21,7 +21,7 @@ from padless.tensor import layout, validate
 from padless.tensor.dynamo import _is_traced, _mark_new, _TRACED_TYPES, source_fingerprint
 from padless.tensor.errors import StructureError
 from padless.tensor.lineage import Lineage, inherit
-from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent, writes_first_arg
+from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, generic_aten_handler, lent, writes_first_arg
 from padless.tensor.structure import (
     _EXACT_CARRIERS,
     AUTO_CARRIERS,
@@ -261,7 +261,7 @@ class NestedTensor(Tensor):
         kwargs = kwargs or {}
         handler = ATEN_TABLE.get(func)
         if handler is None:
-            handler = _generic_aten_handler(func)
+            handler = generic_aten_handler(func)
         if handler is None:
             per_sample = _per_sample or _borrow("per_sample")
             out = per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
@@ -575,22 +575,6 @@ def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
     """Like :func:`wrap_like` when the static extents changed (e.g. ``Linear(C, 4C)``)."""
     sizes, meta, env = static_change(values, like)
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
-
-
-# ---------------------------------------------------------------------------- generic aten path
-
-_GENERIC_CACHE: dict[Any, Any] = {}
-
-
-def _generic_aten_handler(func):
-    hit = _GENERIC_CACHE.get(func, False)
-    if hit is not False:
-        return hit
-    handler = None
-    if torch.Tag.pointwise in func.tags:
-        handler = lent("pointwise_aten")  # the generic pointwise path, lent by padless.ops.common.engine
-    _GENERIC_CACHE[func] = handler
-    return handler
 
 
 def inner_tensors(nt: NestedTensor) -> list[Tensor]:
