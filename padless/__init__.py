@@ -21,6 +21,8 @@ from padless.ops.common.carried import prepare_for_compile
 from padless.ops.common.padded import padded_reads, strict_padded_reads
 from padless.collate import Batch, Collator, Field, FlatteningCollator, collate  # noqa: F401  (after the op layer)
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
+from padless.tensor.extents import extent_max, extent_min
+from padless.tensor.lineage import same_batch
 
 __version__ = "0.1.0"
 
@@ -35,6 +37,8 @@ __all__ = [
     "NestedTensor",
     "StructureError",
     "collate",
+    "extent_max",
+    "extent_min",
     "from_list",
     "from_njt",
     "from_packed_sequence",
@@ -45,6 +49,7 @@ __all__ = [
     "patch_grid",
     "patchify",
     "prepare_for_compile",
+    "same_batch",
     "strict_padded_reads",
     "to_njt",
     "to_packed_sequence",

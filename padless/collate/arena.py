@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from padless.tensor.lineage import Lineage
+
 _ALIGN_BYTES = 64  # every slot starts on a 64-byte boundary (vectorised device loads)
 
 
@@ -51,6 +53,7 @@ class Arena:
         self.buffers: dict[torch.dtype, Tensor] = {}
         self._np: dict[torch.dtype, np.ndarray] = {}
         self._base: dict[torch.dtype, int] = {}
+        self.lineage = Lineage()  # the NestedTensors of one batch are one batch of samples
 
     def reserve(self, dtype: torch.dtype, numel: int, *, host: bool = False) -> Slot:
         if self.buffers:

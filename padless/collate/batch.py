@@ -18,11 +18,12 @@ from typing import Any, ItemsView, Iterator, KeysView, Mapping, ValuesView
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves, tree_map
 
 from padless.collate import interop, transfer
 from padless.collate.metadata import FieldMeta, PairMaps
 from padless.collate.opcache import field_meta, install, install_pair
+from padless.tensor import lineage
 from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
 from padless.tensor.errors import StructureError
 from padless.tensor.validate import check_structure
@@ -44,6 +45,7 @@ class Batch:
             num_samples = _infer_len(self._fields)
         object.__setattr__(self, "_num_samples", int(num_samples))
         self._install_pairs()
+        _one_lineage(self._fields)
 
     def _install_pairs(self) -> None:
         for name, x in self._fields.items():
@@ -242,6 +244,21 @@ class Batch:
         metas: dict[int, int] = {}
         parts = tree_map(lambda x: _NestedParts(x, metas) if isinstance(x, NestedTensor) else x, self._fields)
         return (_rebuild_from_parts, (parts, self._num_samples))
+
+
+def _one_lineage(fields: dict[str, Any]) -> None:
+    """Fields of one batch are one batch of samples (:mod:`padless.tensor.lineage`): a size read
+    from one field's shape applies to the others. Fields without a lineage (rebuilt, moved,
+    derived by the collator) join the one the others share, or a new one."""
+    nts = tree_leaves(fields, is_leaf=lambda x: isinstance(x, NestedTensor))
+    nts = [x for x in nts if isinstance(x, NestedTensor)]
+    orphans = [x for x in nts if x._lineage is None]
+    if not orphans:
+        return
+    tokens = {id(x._lineage): x._lineage for x in nts if x._lineage is not None}
+    token = next(iter(tokens.values())) if len(tokens) == 1 else lineage.Lineage()
+    for x in orphans:
+        x._lineage = token
 
 
 class _NestedParts:

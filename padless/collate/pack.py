@@ -376,6 +376,7 @@ class RaggedPlan(FieldPlan):
             fm = md.map_tensors(m, lambda t, host: swap.get(id(t)) if id(t) in swap else p.get(t))
         nt = NestedTensor(values, off, sizes, self.ragged, self.env, StructureMeta(sizes, off))  # marked dynamic there
         install(nt, fm)
+        nt._lineage = arena.lineage
         return nt
 
     def _fill(self, values: Tensor) -> None:

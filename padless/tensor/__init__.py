@@ -8,7 +8,8 @@ from padless.tensor.construct import from_list, from_njt, from_padded, from_valu
 from padless.tensor.convert import to_njt, to_padded, unbind_samples, valid_mask
 from padless.tensor.core import NestedTensor, StructureMeta, _rebuild_nested
 from padless.tensor.errors import StructureError
-from padless.tensor.extents import Extent, envelope_shape, envelope_size
+from padless.tensor.lineage import Lineage
+from padless.tensor.extents import Extent, envelope_shape, envelope_size, extent_max, extent_min
 from padless.tensor.packed import from_packed_sequence, to_packed_sequence
 
 
@@ -57,12 +58,15 @@ _dynamo.install()
 try:  # torch.load(weights_only=True) must rebuild NestedTensors without user set-up.
     import torch.serialization as _ser
 
-    _ser.add_safe_globals([NestedTensor, _rebuild_nested])
+    # ``int``: a size read from a shape (an Extent) pickles as ``int(n)``
+    _ser.add_safe_globals([NestedTensor, _rebuild_nested, Lineage, int])
 except AttributeError:  # pragma: no cover - torch < 2.4
     pass
 
 __all__ = [
     "Extent",
+    "extent_max",
+    "extent_min",
     "NestedTensor",
     "StructureMeta",
     "StructureError",

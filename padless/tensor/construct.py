@@ -7,7 +7,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
-from padless.tensor import layout
+from padless.tensor import layout, lineage
 from padless.tensor.autograd import nested_from_values
 from padless.tensor.convert import pack_like, pack_lengths
 from padless.tensor.core import NestedTensor
@@ -44,8 +44,11 @@ def _finish(
         offsets = host_offsets.to(dev, non_blocking=True)
     meta = StructureMeta(host_sizes, host_offsets)
     if keep_history:
-        return mark_dynamic(nested_from_values(values, offsets, sizes, ragged, env, meta))
-    return mark_dynamic(NestedTensor(values.detach(), offsets, sizes, ragged, env, meta, requires_grad=requires_grad))
+        out = nested_from_values(values, offsets, sizes, ragged, env, meta)
+    else:
+        out = NestedTensor(values.detach(), offsets, sizes, ragged, env, meta, requires_grad=requires_grad)
+    lineage.start(out)  # a new batch of samples
+    return mark_dynamic(out)
 
 
 def _as_sample(x: Any, i: int, what: str) -> Tensor:
@@ -547,7 +550,9 @@ def from_values(
     meta = StructureMeta(host_sizes, host_offsets)
     offsets_dev = offsets.to(dev, torch.int64)
     sizes_dev = sizes.to(dev)
-    return mark_dynamic(nested_from_values(values, offsets_dev, sizes_dev, ragged, env, meta, shared=True))
+    out = nested_from_values(values, offsets_dev, sizes_dev, ragged, env, meta, shared=True)
+    lineage.start(out)  # a new batch of samples
+    return mark_dynamic(out)
 
 
 # ---------------------------------------------------------------------------- torch.nested interop

@@ -20,7 +20,8 @@ from torch import Tensor
 from padless.tensor import layout, validate
 from padless.tensor.dynamo import _is_traced, _mark_new, _TRACED_TYPES, source_fingerprint
 from padless.tensor.errors import StructureError
-from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, lent, writes_first_arg
+from padless.tensor.lineage import Lineage, inherit
+from padless.tensor.registry import ATEN_TABLE, FAST_POINTWISE, FUNCTION_TABLE, generic_aten_handler, lent, writes_first_arg
 from padless.tensor.structure import (
     _EXACT_CARRIERS,
     AUTO_CARRIERS,
@@ -135,6 +136,7 @@ class NestedTensor(Tensor):
     _ragged: tuple[int, ...]
     _env: tuple
     _meta: StructureMeta
+    _lineage: Lineage | None = None  # the batch of samples it belongs to (padless.tensor.lineage)
 
     @staticmethod
     def __new__(
@@ -238,32 +240,33 @@ class NestedTensor(Tensor):
                 return _SKIP_ONE_HOP(func, types, args, kwargs)
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        with torch._C.DisableTorchFunctionSubclass():
+        with torch._C.DisableTorchFunctionSubclass():  # every result joins its input's batch (tensor.lineage)
             if handler is not None:
-                return handler(func, *args, **kwargs)
+                return inherit(handler(func, *args, **kwargs), args, kwargs, NestedTensor)
             fast = FAST_POINTWISE.get(func)
             if fast is not None and not torch.compiler.is_compiling():
                 if not _needs_grad(args, kwargs):
-                    return fast(func, args, kwargs)
+                    return inherit(fast(func, args, kwargs), args, kwargs, NestedTensor)
                 out = (_pointwise_with_grad or _borrow("pointwise_with_grad"))(func, args, kwargs)
                 if out is not None:  # one structure: plain autograd on the rows (tensor.fast_grad)
-                    return out
+                    return inherit(out, args, kwargs, NestedTensor)
                 args, kwargs = (_guard_broadcast or _borrow("guard_broadcast"))(args, kwargs, func)
             _TLS.depth = getattr(_TLS, "depth", 0) + 1
             try:
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
             except NeedsPerSample as e:
                 per_sample_function = _per_sample_function or _borrow("per_sample_function")
-                return per_sample_function(func, args, kwargs, e.aten_op)
+                out = per_sample_function(func, args, kwargs, e.aten_op)
             finally:
                 _TLS.depth -= 1
+            return inherit(out, args, kwargs, NestedTensor)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         handler = ATEN_TABLE.get(func)
         if handler is None:
-            handler = _generic_aten_handler(func)
+            handler = generic_aten_handler(func)
         if handler is None:
             per_sample = _per_sample or _borrow("per_sample")
             out = per_sample(func, args, kwargs, inside_function=getattr(_TLS, "depth", 0) > 0)
@@ -460,6 +463,7 @@ class NestedTensor(Tensor):
                 self._meta.host_offsets,
                 self.requires_grad,
                 carried_metadata(self),
+                self._lineage,  # one token per pickle: tensors of one batch stay one batch
             ),
         )
 
@@ -532,7 +536,8 @@ def values_of(nt: NestedTensor) -> Tensor:
 # ---------------------------------------------------------------------------- pickling
 
 
-def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None):
+def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_offsets, requires_grad, carried=None,
+                    lineage=None):
     """Unpickling entry point (registered as a safe global for ``torch.load(weights_only=True)``).
 
     Nothing read from a file is trusted: the structure is checked and the envelope
@@ -556,7 +561,9 @@ def _rebuild_nested(values, offsets, sizes, ragged, envelope, host_sizes, host_o
         if not isinstance(carried, dict):
             raise StructureError(f"NestedTensor (unpickled): carried metadata must be a dict, got {type(carried).__name__}")
         restore_metadata(meta, carried, values, offsets, ragged)
-    return NestedTensor(values, offsets, sizes, ragged, tuple(env), meta, requires_grad=bool(requires_grad))
+    out = NestedTensor(values, offsets, sizes, ragged, tuple(env), meta, requires_grad=bool(requires_grad))
+    out._lineage = lineage if isinstance(lineage, Lineage) else Lineage()
+    return out
 
 
 # ---------------------------------------------------------------------------- helpers for handlers
@@ -573,22 +580,6 @@ def wrap_static_change(values: Tensor, like: NestedTensor) -> NestedTensor:
     """Like :func:`wrap_like` when the static extents changed (e.g. ``Linear(C, 4C)``)."""
     sizes, meta, env = static_change(values, like)
     return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
-
-
-# ---------------------------------------------------------------------------- generic aten path
-
-_GENERIC_CACHE: dict[Any, Any] = {}
-
-
-def _generic_aten_handler(func):
-    hit = _GENERIC_CACHE.get(func, False)
-    if hit is not False:
-        return hit
-    handler = None
-    if torch.Tag.pointwise in func.tags:
-        handler = lent("pointwise_aten")  # the generic pointwise path, lent by padless.ops.common.engine
-    _GENERIC_CACHE[func] = handler
-    return handler
 
 
 def inner_tensors(nt: NestedTensor) -> list[Tensor]:

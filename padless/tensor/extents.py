@@ -1,4 +1,4 @@
-"""Envelope extents that remember their batch.
+"""Envelope extents that remember every sample's own size.
 
 ``x.shape`` of a NestedTensor is the padded envelope ``(B, max n_0, ...)``, so that code
 reading shapes keeps working. Model code often hands such a size on: smp's U-Net decoder
@@ -7,22 +7,58 @@ to its skip's size. Dense, that is "to the padded envelope"; per sample, it mean
 sample's own skip size". To tell the two apart, the entries of ``x.shape`` (and
 ``x.size()``, ``x.size(d)``) at ragged dims are :class:`Extent` ints: plain ints (equal to
 the envelope extent, usable anywhere an int is) that also remember every sample's own size
-along that dim. Ops that take a size and can apply one per image
-(:func:`padless.ops.vision.resample.interpolate`) read it; every other use sees an int.
+along that dim. Ops that take a size and can apply one per sample (``F.interpolate``,
+``reshape``/``view``, ``unflatten``) read it; every other use sees an int.
 
 Integer arithmetic keeps both readings (``height // 4`` is the padded ``H // 4`` and every
 sample's ``h_i // 4``); ``int(h)`` is the plain padded int. An Extent pickles and copies as a
-plain int. Under ``torch.compile`` shapes are the plain (symbolic) sizes.
+plain int (``torch.save({"shape": x.shape})`` loads with ``weights_only=True``). Under
+``torch.compile`` shapes are the plain (symbolic) sizes.
+
+**What an Extent holds.** The per-sample sizes as a tuple of host ints, the sample count,
+and two weak references: to the structure it was read from and to its batch's lineage
+(:mod:`padless.tensor.lineage`). Keeping ``x.shape`` (a log, a module's last input size, an
+``lru_cache`` key) keeps a few bytes, never the batch, its metadata or its caches. A device
+batch built without host metadata has no host sizes yet: its extents read them on first use
+(one sync, as :meth:`NestedTensor.host_sizes` does) while the batch lives, and refuse after.
+
+**Which batch.** An op applies an Extent per sample only to a tensor of the same batch of
+samples (the same lineage: the batch it was read from, or anything ops made from it); a size
+kept from another batch of as many samples is refused (:func:`check_extent`), naming the
+rewrite.
+
+**Comparisons.** ``max(h, w)`` and ``min(h, w)`` return one of their operands, so its
+per-sample sizes: right only when every sample orders ``h_i, w_i`` as the envelope does.
+Ordering comparisons (``<``, ``<=``, ``>``, ``>=``) between two extents of one batch check
+that, and raise when samples disagree, naming :func:`extent_max` / :func:`extent_min`, which
+give each sample its own max/min. Comparisons with plain ints (``if L > max_len``) and
+equality are the plain int comparisons.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import copyreg
+import operator
+import weakref
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
 
-__all__ = ["Extent", "envelope_shape", "envelope_size", "per_sample_extents"]
+from padless.tensor.errors import StructureError
+from padless.tensor.lineage import Lineage
+
+__all__ = [
+    "Extent",
+    "check_extent",
+    "envelope_shape",
+    "envelope_size",
+    "extent_max",
+    "extent_min",
+    "per_sample_extents",
+]
+
+_MIXED = "mixed"  # the lineage of an extent computed from sizes of two different batches
 
 
 class Extent(int):
@@ -39,8 +75,10 @@ class Extent(int):
     """
 
     _batch: int
-    _src_sizes: Tensor | None  # the batch's sizes when read straight from a shape
-    _values: Any  # () -> list[int]
+    _cols: tuple[int, ...] | None  # every sample's own value, once known
+    _lazy: Callable[[], tuple[int, ...]] | None  # computes _cols (holds no structure)
+    _src: weakref.ref | None  # the structure it was read from: an identity, never kept alive
+    _lin: Any  # weakref to its batch's Lineage; None when unknown; _MIXED for two batches
 
     def __repr__(self) -> str:
         return int.__repr__(self)
@@ -58,18 +96,42 @@ class Extent(int):
     def per_sample(self) -> list[int]:
         """Every sample's own value (host ints; reading a device batch built without host
         metadata syncs once, as :meth:`NestedTensor.host_sizes` does)."""
-        return self._values()
+        return list(self._values())
+
+    def _values(self) -> tuple[int, ...]:
+        cols = self._cols
+        if cols is None:
+            cols = self._cols = tuple(self._lazy())  # type: ignore[misc]
+            self._lazy = None
+        return cols
+
+    def read_from(self, nt: Any) -> bool:
+        """True when this extent was read straight from the shape of ``nt``'s structure."""
+        return self._src is not None and self._src() is getattr(nt, "_meta", None)
 
 
-def _derived(value: Any, batch: int, values: Any) -> Any:
+def _token(e: Extent) -> Any:
+    lin = e._lin
+    return lin() if isinstance(lin, weakref.ref) else lin
+
+
+def _combined_lineage(a: Extent, b: Extent) -> Any:
+    if a._lin is None and b._lin is None:
+        return None
+    ta, tb = _token(a), _token(b)
+    return a._lin if ta is tb and ta is not None else _MIXED
+
+
+def _derived(value: Any, a: Extent, b: Extent | None, values: Callable[[], tuple[int, ...]]) -> Any:
     if type(value) is not int:
         return value  # true division, floats, NotImplemented: the plain result
     e = Extent(value)
-    e._batch, e._src_sizes, e._values = batch, None, values
+    e._batch, e._cols, e._lazy, e._src = a._batch, None, values, a._src
+    e._lin = a._lin if b is None else _combined_lineage(a, b)
     return e
 
 
-def _binary(name: str, reflected: bool = False):
+def _binary(name: str):
     op = getattr(int, name)
 
     def method(self: Extent, other: Any) -> Any:
@@ -77,12 +139,12 @@ def _binary(name: str, reflected: bool = False):
         if isinstance(other, Extent):
             if other._batch != self._batch:
                 return value  # two batches: only the padded int is meaningful
-            a, b = self._values, other._values
-            return _derived(value, self._batch, lambda: [op(x, y) for x, y in zip(a(), b())])
+            a, b = self, other
+            return _derived(value, a, b, lambda: tuple(op(x, y) for x, y in zip(a._values(), b._values())))
         if type(other) is not int:
             return value
-        a = self._values
-        return _derived(value, self._batch, lambda: [op(x, other) for x in a()])
+        a = self
+        return _derived(value, a, None, lambda: tuple(op(x, other) for x in a._values()))
 
     method.__name__ = name
     return method
@@ -94,47 +156,160 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
 
 
 def _neg(self: Extent) -> Any:
-    a = self._values
-    return _derived(-int(self), self._batch, lambda: [-x for x in a()])
+    a = self
+    return _derived(-int(self), a, None, lambda: tuple(-x for x in a._values()))
 
 
-Extent.__neg__ = _neg
+Extent.__neg__ = _neg  # type: ignore[method-assign]
+
+_SYMBOL = {"__lt__": "<", "__le__": "<=", "__gt__": ">", "__ge__": ">="}
 
 
-def _read_sizes(meta: Any, sizes: Tensor, dim: int):
-    def values() -> list[int]:
+def _comparison(name: str):
+    op = getattr(int, name)
+    sym = _SYMBOL[name]
+
+    def method(self: Extent, other: Any) -> Any:
+        res = op(self, other)
+        if not isinstance(other, Extent) or other is self or other._batch != self._batch:
+            return res  # an int, or sizes of another batch: the plain comparison
+        if _combined_lineage(self, other) is _MIXED:
+            return res
+        try:
+            a, b = self._values(), other._values()
+        except StructureError:
+            return res  # the batch is gone and its sizes were never read: only the envelope is known
+        for i, (x, y) in enumerate(zip(a, b)):
+            if op(x, y) != res and x != y:  # (a tie picks a right operand either way)
+                raise StructureError(
+                    f"{int(self)} {sym} {int(other)}: these are sizes read from one batch's shape, and their order "
+                    f"differs between samples (the padded envelope gives {res}, sample {i} has {x} {sym} {y}). "
+                    f"max()/min() of such sizes (e.g. F.interpolate(x, size=max(h, w))) would silently give every "
+                    f"sample one operand's sizes. Use padless.extent_max(h, w) / padless.extent_min(h, w) for each "
+                    f"sample's own max/min, or compare int(h) {sym} int(w) for the padded envelope"
+                )
+        return res
+
+    method.__name__ = name
+    return method
+
+
+for _name in _SYMBOL:
+    setattr(Extent, _name, _comparison(_name))
+
+
+def _extreme(fn: Callable, name: str, sizes: tuple) -> Any:
+    if len(sizes) == 1 and isinstance(sizes[0], (tuple, list)):
+        sizes = tuple(sizes[0])
+    if not sizes:
+        raise TypeError(f"{name}() expects at least one size")
+    for s in sizes:
+        if isinstance(s, (bool, float)) or not isinstance(s, (int, torch.SymInt)):
+            raise TypeError(f"{name}(): sizes must be ints (plain or read from a shape), got {s!r}")
+    value = fn(sizes) if not any(isinstance(s, Extent) for s in sizes) else fn(int(s) for s in sizes)
+    ext = [s for s in sizes if isinstance(s, Extent)]
+    if not ext:
+        return value
+    first = ext[0]
+    for e in ext[1:]:
+        if e._batch != first._batch or _combined_lineage(first, e) is _MIXED:
+            raise StructureError(
+                f"{name}(): sizes {int(first)} and {int(e)} were read from the shapes of two different batches "
+                f"({first._batch} and {e._batch} samples); each sample's own {name[7:]} needs sizes of one batch"
+            )
+    b = first._batch
+
+    def values() -> tuple[int, ...]:
+        cols = [s._values() if isinstance(s, Extent) else (int(s),) * b for s in sizes]
+        return tuple(fn(c) for c in zip(*cols))
+
+    e = Extent(int(value))
+    e._batch, e._cols, e._lazy, e._src, e._lin = b, None, values, first._src, first._lin  # one lineage (checked)
+    return e
+
+
+def extent_max(*sizes: Any) -> Any:
+    """Each sample's own max of sizes read from one batch's shape (and plain ints).
+
+    ``max(h, w)`` returns one operand, so every sample gets that operand's size even where
+    its other size is larger; ``padless.extent_max(h, w)`` is ``max(H, W)`` for the padded
+    code and ``max(h_i, w_i)`` for sample ``i``. With no extent among ``sizes`` it is ``max``.
+    """
+    return _extreme(max, "extent_max", sizes)
+
+
+def extent_min(*sizes: Any) -> Any:
+    """Each sample's own min of sizes read from one batch's shape (see :func:`extent_max`)."""
+    return _extreme(min, "extent_min", sizes)
+
+
+# ---------------------------------------------------------------------------- reading a shape
+
+
+class _LazyColumn:
+    """Host sizes of one dim of a device batch built without host metadata, read on first
+    use while the batch lives (weak references: the extent never keeps the batch)."""
+
+    __slots__ = ("meta", "sizes", "dim")
+
+    def __init__(self, meta: weakref.ref, sizes: weakref.ref, dim: int) -> None:
+        self.meta, self.sizes, self.dim = meta, sizes, dim
+
+    def __call__(self) -> tuple[int, ...]:
+        meta, sizes = self.meta(), self.sizes()
+        if meta is None or sizes is None:
+            raise StructureError(
+                "a size read from the shape of a device batch built without host metadata is used after the batch "
+                "was freed: its per-sample sizes were never read and can no longer be. Use the size while the "
+                "batch lives, or build the batch with host metadata (padless.collate, or from_values(..., validate=True))"
+            )
         if meta.host_sizes is None:
             meta.host_sizes = sizes.cpu()
-        return meta.host_sizes[:, dim].tolist()
+        return tuple(meta.host_sizes[:, self.dim].tolist())
 
-    return values
+
+def _columns(meta: Any) -> tuple[tuple[int, ...], ...] | None:
+    """Every sample's size per sample dim (host ints), cached on the structure; None without
+    host metadata."""
+    hs = meta.host_sizes
+    if hs is None:
+        return None
+    hit = meta.derived.get("extent_columns")
+    if hit is None or hit[0] is not hs:
+        hit = (hs, tuple(tuple(c) for c in hs.T.tolist()))
+        meta.derived["extent_columns"] = hit
+    return hit[1]
 
 
 _tracing = torch._guards.TracingContext.try_get
 
 
-def _extent(value: int, meta: Any, sizes: Tensor, dim: int) -> Extent:
-    e = Extent(value)
-    # the batch's (small) structure, not its values
-    e._batch, e._src_sizes, e._values = len(sizes), sizes, _read_sizes(meta, sizes, dim)
-    return e
-
-
 def _shape(nt: Any) -> torch.Size:
     if torch.compiler.is_compiling() or _tracing() is not None:
         return Tensor.shape.__get__(nt)  # dynamo traces or wraps it: the plain (symbolic) sizes
+    lineage = nt._lineage
     cached = nt.__dict__.get("_extent_shape")
-    if cached is not None:
-        return cached
+    if cached is not None and cached[0] is lineage:
+        return cached[1]
     env = nt._env
     if not all(type(v) is int for v in env):
         return Tensor.shape.__get__(nt)
     meta, sizes = nt._meta, nt._sizes
-    dims = [len(sizes), *env]
+    cols = _columns(meta)
+    src = weakref.ref(meta)
+    lin = weakref.ref(lineage) if lineage is not None else None
+    b = len(sizes)
+    dims: list[int] = [b, *env]
     for d in nt._ragged:
-        dims[d + 1] = _extent(env[d], meta, sizes, d)
+        e = Extent(env[d])
+        e._batch, e._src, e._lin = b, src, lin
+        if cols is not None:
+            e._cols, e._lazy = cols[d], None
+        else:
+            e._cols, e._lazy = None, _LazyColumn(src, weakref.ref(sizes), d)
+        dims[d + 1] = e
     out = torch.Size(dims)
-    nt.__dict__["_extent_shape"] = out
+    nt.__dict__["_extent_shape"] = (lineage, out)
     return out
 
 
@@ -156,27 +331,75 @@ def envelope_size(nt: Any, dim: int | None = None) -> Any:
     return shape[dim]
 
 
-def per_sample_extents(values: Any, batch: int, op: str) -> list[tuple[int, ...]] | None:
+# ---------------------------------------------------------------------------- applying extents
+
+
+def _foreign(e: Extent, batch: int, lineage: Lineage | None) -> str | None:
+    """Why ``e`` cannot give the samples of a batch of ``batch`` samples and lineage
+    ``lineage`` their own sizes (None when it can)."""
+    if e._batch != batch:
+        return f"was read from the shape of a batch of {e._batch} samples, and this input has {batch}"
+    if e._lin is _MIXED:
+        return "combines sizes read from the shapes of two different batches"
+    if e._lin is not None:
+        token = e._lin()
+        if token is None:
+            return "was read from the shape of a batch that no longer exists (a size kept from an earlier batch)"
+        if lineage is not None and token is not lineage:
+            return f"was read from the shape of another batch of {batch} samples"
+        return None
+    if e._src is not None and e._src() is None:
+        return "was read from the shape of a batch that no longer exists (a size kept from an earlier batch)"
+    return None
+
+
+def check_extent(e: Any, target: Any, op: str, what: str, rewrite: str = "") -> None:
+    """Raise unless the :class:`Extent` ``e`` may give the samples of ``target`` (a
+    NestedTensor, or anything with ``batch_size`` and ``_lineage``) their own sizes.
+    ``rewrite`` names an op's own way to say the same per sample."""
+    if not isinstance(e, Extent):
+        return
+    why = _foreign(e, target_batch(target), getattr(target, "_lineage", None))
+    if why is not None:
+        raise StructureError(
+            f"{op}(): {what} = {int(e)} {why}; a size read from a NestedTensor's shape means each sample's own size, "
+            f"so it applies only to that batch of samples and to what ops made from it. Read the size from this "
+            f"batch's shape{rewrite}, declare batches built separately from the same samples with "
+            f"padless.same_batch(x, y), or pass int(...) to give every sample the envelope size {int(e)}"
+        )
+
+
+def target_batch(target: Any) -> int:
+    b = getattr(target, "batch_size", None)
+    return b if isinstance(b, int) else target.shape[0]
+
+
+def per_sample_extents(values: Any, target: Any, op: str, rewrite: str = "") -> list[tuple[int, ...]] | None:
     """Per-sample targets named by a size tuple holding :class:`Extent` entries, else ``None``.
 
-    Each Extent entry gives every sample its own size (from the batch it was read from);
-    plain int entries give every sample the same size. Extents from a batch of another
-    sample count are refused, naming the fix.
+    Each Extent entry gives every sample of ``target`` (a NestedTensor, or anything with
+    ``batch_size`` and ``_lineage``) its own size; plain int entries give every sample the
+    same size. Extents of another batch are refused, naming the fix (:func:`check_extent`).
     """
     if not isinstance(values, (tuple, list)) or not any(isinstance(v, Extent) for v in values):
         return None
-    columns: list[list[int]] = []
+    batch = target_batch(target)
+    columns: list[tuple[int, ...]] = []
     for i, v in enumerate(values):
         if isinstance(v, Extent):
-            if v.batch_size != batch:
-                from padless.tensor.errors import StructureError
-
-                raise StructureError(
-                    f"{op}(): size[{i}] = {int(v)} was read from the shape of a batch of {v.batch_size} samples, "
-                    f"and this input has {batch}; a size read from a NestedTensor's shape means each sample's own "
-                    f"size. Pass int(...) to give every sample the envelope size {int(v)}"
-                )
-            columns.append(v.per_sample())
+            check_extent(v, target, op, f"size[{i}]", rewrite)
+            columns.append(v._values())
         else:
-            columns.append([int(v)] * batch)
+            columns.append((operator.index(v),) * batch)
     return [tuple(c[b] for c in columns) for b in range(batch)]
+
+
+# ---------------------------------------------------------------------------- pickling
+
+def _reduce_size(size: torch.Size) -> tuple:
+    # a shape holding extents pickles as the plain torch.Size of ints, which every loader
+    # (torch.load(weights_only=True) included) reads without padless
+    return (torch.Size, (tuple(int(v) if isinstance(v, Extent) else v for v in size),))
+
+
+copyreg.pickle(torch.Size, _reduce_size)

@@ -135,6 +135,20 @@ def lent(name: str) -> Callable:
     return fn
 
 
+_GENERIC_CACHE: dict[Any, Any] = {}
+
+
+def generic_aten_handler(func: Any) -> Handler | None:
+    """The handler of an ATen op without its own: the generic pointwise path (lent by
+    :mod:`padless.ops.common.engine`) for ops tagged pointwise, else None."""
+    hit = _GENERIC_CACHE.get(func, False)
+    if hit is not False:
+        return hit
+    handler = lent("pointwise_aten") if torch.Tag.pointwise in func.tags else None
+    _GENERIC_CACHE[func] = handler
+    return handler
+
+
 def registered() -> list[HandlerInfo]:
     """Every registered handler, function layer first, sorted by op name."""
     return sorted(_INFO.values(), key=lambda h: (h.layer != "function", op_name(h.op)))

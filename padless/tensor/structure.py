@@ -85,7 +85,7 @@ class StructureMeta:
     ``derived`` maps a key such as ``("cu_seqlens", device)`` to a cached tensor.
     """
 
-    __slots__ = ("host_sizes", "host_offsets", "derived", "__weakref__")  # weakly referenced by partners' caches
+    __slots__ = ("host_sizes", "host_offsets", "derived", "__weakref__")  # weak: partners' caches and extents name it
 
     def __init__(self, host_sizes: Tensor | None = None, host_offsets: Tensor | None = None):
         self.host_sizes = host_sizes

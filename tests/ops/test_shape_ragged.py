@@ -66,13 +66,16 @@ def test_unflatten_by_extents_and_round_trip():
     torch.testing.assert_close(back.values(), x.values())
     # a product of extents splits a merged pair map back (smp MAnet: view(B, h * w, h * w))
     m = padless.from_list([torch.randn(n * n) for n in (2, 3)])
-    n = padless.from_list([torch.randn(n, 1) for n in (2, 3)]).shape[1]
+    p = padless.from_list([torch.randn(n, 1) for n in (2, 3)])
+    padless.same_batch(m, p)  # built separately from the same samples
+    n = p.shape[1]
     assert m.view(2, n, n).sizes().tolist() == [[2, 2], [3, 3]]
 
 
 def test_split_that_does_not_fit_a_sample_is_refused():
     _, x = _images(SIZES)
     _, other = _images([(4, 6), (6, 4), (1, 3), (2, 3)], seed=1)
+    padless.same_batch(x, other)  # declared the same samples: the sizes are checked sample by sample
     h, w = other.shape[2:]
     with pytest.raises(padless.StructureError, match=r"sample 2 has 0 entries along dim 2, but its sizes \(1, 3\) hold 3"):
         x.flatten(2).unflatten(2, (h, w))

@@ -63,6 +63,7 @@ def test_skip_shape_targets_like_a_unet_decoder(monkeypatch):
     seen = _calls(monkeypatch)
     small, dense = image_batch([(2, 3), (4, 4), (1, 2)], channels=4, requires_grad=True)
     skip = padless.from_list([torch.zeros(4, 2 * h, 2 * w) for h, w in [(2, 3), (4, 4), (1, 2)]], ragged_dims=(1, 2))
+    padless.same_batch(skip, small)  # built separately from the same samples
     out = F.interpolate(small, size=skip.shape[2:], mode="nearest")
     for o, d in zip(out.unbind(), dense):
         torch.testing.assert_close(o, F.interpolate(d[None], scale_factor=2, mode="nearest")[0])

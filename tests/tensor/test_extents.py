@@ -17,10 +17,14 @@ from padless.tensor.extents import Extent
 SKIPS = [(3, 10, 14), (3, 8, 8), (3, 1, 3)]
 
 
-def _batch(shapes, seed=0):
+def _batch(shapes, seed=0, like=None):
+    """Samples and their batch; ``like``: a batch of the same samples (padless.same_batch)."""
     g = torch.Generator().manual_seed(seed)
     xs = [torch.randn(*s, generator=g, dtype=torch.float64) for s in shapes]
-    return xs, padless.from_list(xs)
+    x = padless.from_list(xs)
+    if like is not None:
+        padless.same_batch(like, x)
+    return xs, x
 
 
 def test_shape_entries_at_ragged_dims_are_extents():
@@ -52,7 +56,7 @@ def test_extents_behave_as_plain_ints():
 def test_interpolate_to_each_skip_size(mode, unpack):
     skips, skip = _batch(SKIPS)
     small = [(3, 5, 7), (3, 4, 4), (3, 1, 2)]
-    xs, x = _batch(small, seed=1)
+    xs, x = _batch(small, seed=1, like=skip)
     x.requires_grad_()
     size = skip.shape[2:]
     if unpack:  # smp: height, width = spatial_shapes[i]; F.interpolate(x, size=(height, width))
@@ -72,7 +76,7 @@ def test_interpolate_to_each_skip_size(mode, unpack):
 
 def test_mixed_and_single_extent_sizes():
     _, skip = _batch(SKIPS)
-    _, x = _batch([(3, 5, 7), (3, 4, 4), (3, 1, 2)], seed=1)
+    _, x = _batch([(3, 5, 7), (3, 4, 4), (3, 1, 2)], seed=1, like=skip)
     h = skip.shape[2]
     assert F.interpolate(x, size=(h, 6)).sizes()[:, 1:].tolist() == [[10, 6], [8, 6], [1, 6]]
     assert F.interpolate(x, size=h).sizes()[:, 1:].tolist() == [[10, 10], [8, 8], [1, 1]]
@@ -89,7 +93,7 @@ def test_extent_from_another_batch_is_refused():
 
 def test_one_sample_batch():
     skips, skip = _batch([(2, 6, 4)])
-    _, x = _batch([(2, 3, 2)], seed=3)
+    _, x = _batch([(2, 3, 2)], seed=3, like=skip)
     y = F.interpolate(x, size=skip.shape[-2:], mode="bilinear")
     torch.testing.assert_close(y.unbind()[0], F.interpolate(x.unbind()[0][None], size=(6, 4), mode="bilinear")[0])
 
@@ -108,7 +112,7 @@ def test_interpolate_to_sizes_computed_from_extents():
     """smp's PAN: ``F.interpolate(x, size=(height // 4, width // 4))`` per image."""
     sizes = [(3, 10, 14), (3, 8, 8), (3, 2, 3)]
     _, skip = _batch(sizes)
-    _, x = _batch([(3, 2, 2), (3, 3, 1), (3, 1, 1)], seed=5)
+    _, x = _batch([(3, 2, 2), (3, 3, 1), (3, 1, 1)], seed=5, like=skip)
     height, width = skip.shape[2:]
     y = F.interpolate(x, size=(height // 2, width // 2), mode="bilinear")
     assert y.sizes()[:, 1:].tolist() == [[5, 7], [4, 4], [1, 1]]

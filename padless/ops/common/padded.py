@@ -168,15 +168,20 @@ def read_rows(opname: object, d: Tensor, ref: NestedTensor, aligned: Sequence[in
     return grid.index_select(0, read_index(ref, b != 1, ext))
 
 
-def as_nested(opname: object, d: Tensor, ref: NestedTensor) -> NestedTensor | None:
+def as_nested(opname: object, d: Tensor, ref: NestedTensor, whole: bool = False) -> NestedTensor | None:
     """``d`` read in padded coordinates as a NestedTensor on ``ref``'s rows (static extents
-    from ``d``, 1 where it broadcasts), or None when ``d`` is not such an operand."""
+    from ``d``, 1 where it broadcasts), or None when ``d`` is not such an operand.
+
+    ``whole``: ``d`` does not broadcast (``torch.cat``), so a dense ``(B, ...)`` operand of
+    extent 1 where the envelope is 1 (a batch of 1x1 images) is that envelope, read the same way."""
     nd = ref.dim()
     if d.dim() > nd or d.dim() <= layout_trailing_static(ref):
         return None
     aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
     if not padded_extents(opname, aligned, ref, d.shape):
-        return None
+        envelope = d.dim() == nd and aligned[0] == ref.batch_size and all(aligned[1 + r] == ref._env[r] for r in ref._ragged)
+        if not (whole and envelope):
+            return None
     rows = read_rows(opname, d, ref, aligned)
     if rows.shape[1:] == ref._values.shape[1:]:
         sizes, meta, env = ref._sizes, ref._meta, ref._env

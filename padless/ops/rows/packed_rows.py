@@ -23,8 +23,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from padless.ops.common.dim0 import keeps_dim0
 from padless.ops.common.structure import RAGGED, STATIC, restructure
 from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
 from padless.tensor.extents import Extent
 
 __all__ = ["PackedRows", "packed_rows"]
@@ -53,6 +55,8 @@ class PackedRows(Tensor):
             out = func(*args, **kwargs)
         if origin is None or func is Tensor.__repr__:
             return out
+        if not _rows_sized(out, origin) or not keeps_dim0(func, args, kwargs, _owner(args, kwargs)):
+            return out  # not T rows, or dim 0 moved or mixed (rows.t(), rows[perm]): a plain tensor
         return _keep(out, origin)
 
 
@@ -72,6 +76,23 @@ def _origin_of(args: Any, kwargs: dict) -> NestedTensor | None:
                 if isinstance(b, PackedRows):
                     return b.__dict__.get("_origin")
     return None
+
+
+def _owner(args: Any, kwargs: dict) -> Tensor | None:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, PackedRows):
+            return a
+        if isinstance(a, (list, tuple)):
+            for b in a:
+                if isinstance(b, PackedRows):
+                    return b
+    return None
+
+
+def _rows_sized(out: Any, origin: NestedTensor) -> bool:
+    if type(out) in (tuple, list):
+        return any(_rows_sized(o, origin) for o in out)
+    return type(out) is Tensor and out.dim() >= 1 and out.shape[0] == origin._values.shape[0]
 
 
 def _keep(out: Any, origin: NestedTensor) -> Any:
@@ -94,11 +115,44 @@ def _target(args: tuple, kwargs: dict) -> list | None:
 def _same_extent(want: int, got: int, origin: NestedTensor, d: int) -> bool:
     if got != want:
         return False
-    if isinstance(got, Extent) and got._src_sizes is not origin._sizes:
-        # read from another batch's shape: the same per-sample sizes are the same rows
+    if isinstance(got, Extent) and not got.read_from(origin):
+        # read from another structure's shape: the same per-sample sizes are the same rows
         if got.batch_size != origin.batch_size or got.per_sample() != origin.host_sizes()[:, d].tolist():
             return False
     return True
+
+
+def _check_other_batch(func, target: list, origin: NestedTensor, rows: Tensor) -> None:
+    """Rows viewed to a shape read from another batch (sizes that are not these rows' own):
+    the padless error naming both, instead of the dense view's size mismatch."""
+    k = len(origin._ragged)
+    extents = [(d, e) for d, e in enumerate(target[1 : 1 + k]) if isinstance(e, Extent)]
+    if not extents:
+        return
+    hs = origin.host_sizes()
+    why = None
+    for d, e in extents:
+        if e.batch_size != origin.batch_size:
+            why = f"a batch of {e.batch_size} samples"
+            break
+        got, own = e.per_sample(), hs[:, d].tolist()
+        if got != own:
+            i = next(i for i, (g, o) in enumerate(zip(got, own)) if g != o)
+            why = f"its sample {i} has {got[i]} entries along dim {d + 1}, this batch's sample {i} has {own[i]}"
+            break
+    if why is None:
+        return
+    op = "view" if func is Tensor.view else "reshape"
+    raise StructureError(
+        f"{op}(): these {rows.shape[0]} rows are the packed rows of a batch of {origin.batch_size} samples of sizes "
+        f"{_fmt_sizes(hs)}; the target {tuple(int(t) for t in target)} holds sizes read from the shape of another "
+        f"batch ({why}). View them to the shape of the batch they came from (x.shape, or x.shape[:-1] + (C,))"
+    )
+
+
+def _fmt_sizes(hs: Tensor) -> str:
+    rows = [tuple(r) for r in hs.tolist()]
+    return ", ".join(str(r) for r in rows[:4]) + (", ..." if len(rows) > 4 else "")
 
 
 def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> NestedTensor | None:
@@ -107,7 +161,10 @@ def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> Nes
         return None
     target = _target(args, kwargs)
     k = len(origin._ragged)
-    if target is None or len(target) < 1 + k or target[0] != origin.batch_size:
+    if target is None or len(target) < 1 + k:
+        return None
+    _check_other_batch(func, target, origin, rows)
+    if target[0] != origin.batch_size:
         return None
     if not all(_same_extent(origin._env[d], target[1 + d], origin, d) for d in range(k)):
         return None

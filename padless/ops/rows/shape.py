@@ -37,7 +37,7 @@ from padless.tensor.core import (
 from padless.ops.common.host import from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
 from padless.ops.rows import folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
-from padless.ops.rows.shape_ragged import reshape_ragged, split_ragged
+from padless.ops.rows.shape_ragged import reshape_by_extents, reshape_ragged, split_ragged
 from padless.tensor.extents import Extent
 from padless.ops.rows.windows import take_windows
 from padless.tensor.registry import implements, lend
@@ -55,6 +55,10 @@ def reshape(func, nt: NestedTensor, *shape, **kw) -> NestedTensor:
     ``(2, 3, L_i)`` by ``x.reshape(B, 2, 3, -1)``; ``(L_i, H, D)`` to ``(L_i, H*D)`` by
     ``x.reshape(B, -1, H * D)``. ``view`` does the same on ``values`` with ``view``
     (no copy), and ``x.view(dtype)`` reinterprets the last (static) dim.
+
+    Sizes read from this batch's shape (``h, w = x.shape[-2:]``) are each sample's own:
+    a target holding them gives every sample its own shape, as the dense op on that sample
+    alone (:func:`padless.ops.rows.shape_ragged.reshape_by_extents`).
     """
     op = "view" if func is torch.Tensor.view else "reshape"
     if kw:  # t.reshape(shape=...), torch.reshape(t, shape=...), t.view(size=...)
@@ -63,25 +67,48 @@ def reshape(func, nt: NestedTensor, *shape, **kw) -> NestedTensor:
             raise TypeError(f"{op}() got an unexpected keyword argument {next(iter(kw))!r}")
     if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
         return _view_dtype(nt, shape[0])
+    return _reshape(nt, shape, op)
+
+
+def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> NestedTensor:
+    """``reshape``/``view``; ``trusted``: the target's sizes come from a batch whose ragged sizes
+    were checked to be ``nt``'s (``reshape_as``)."""
     raw = list(shape_arg(shape))  # before int_entries: size entries that remember each sample's size
     raw = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
     unfolded = folds.unfold_reshape(nt, raw, op)  # (b i) j d -> b i j d (padless.ops.rows.folds)
     if unfolded is not None:
         return unfolded
     target = int_entries(op, "shape", raw)
+    if any(type(e) is Extent for e in raw):  # sizes read from a shape stay: each sample's own
+        target = [e if type(e) is Extent else t for e, t in zip(raw, target)]
+    if any(type(e) is Extent for e in target):
+        out = reshape_by_extents(nt, target, op, lambda dims: _reshape_static(nt, dims, op), trusted)
+        if out is not None:
+            return out
     try:
         dims = match_target(nt, target, op)
     except StructureError:
         folded = folds.fold_reshape(nt, raw, op)  # b i j d -> (b i) j d, b h l d -> (b h) l d
         if folded is not None:
             return folded
-        merged_or_split = reshape_ragged(nt, raw, op)  # (B, -1, C) of (H_i, W_i, C); (B, -1, h, w) of (C, h_i*w_i)
+        merged_or_split = reshape_ragged(nt, target, op)  # (B, -1, C) of (H_i, W_i, C); (B, -1, h, w) of (C, h_i*w_i)
         if merged_or_split is not None:
             return merged_or_split
         flat = flatten_rows(nt, target, op)  # (-1, C): every real row, dense (it leaves the batch)
         if flat is None:
             raise
         return flat
+    if target[0] == -1 and any(k == RAGGED and type(e) is int and e != -1 for (k, _), e in zip(dims, target[1:])):
+        # (-1, 1) of (L_i,) samples whose envelope is 1: a plain 1 fits the ragged dim by coincidence;
+        # read as at any other envelope, every real row (as the dense (B*L, 1))
+        flat = flatten_rows(nt, target, op)
+        if flat is not None:
+            return flat
+    return _reshape_static(nt, dims, op)
+
+
+def _reshape_static(nt: NestedTensor, dims: list, op: str) -> NestedTensor:
+    """The rows unchanged, the static dims regrouped (``dims`` from :func:`match_target`)."""
     vals = values_of(nt)
     new_static = [n for kind, n in dims if kind == STATIC]
     vals = vals.view(vals.shape[0], *new_static) if op == "view" else vals.reshape(vals.shape[0], *new_static)
@@ -103,9 +130,8 @@ def reshape_as(func, nt: NestedTensor, other: Tensor) -> NestedTensor:
     """``reshape``/``view`` to ``other.shape``; a NestedTensor ``other`` must share the ragged structure."""
     op = "view_as" if func is torch.Tensor.view_as else "reshape_as"
     if isinstance(other, NestedTensor):
-        _check_ragged_match(op, nt, other)
-    target = torch.Tensor.view if op == "view_as" else torch.Tensor.reshape
-    return reshape(target, nt, tuple(other.shape))
+        _check_ragged_match(op, nt, other)  # the same sizes sample by sample: other's extents fit nt
+    return _reshape(nt, (tuple(other.shape),), "view" if op == "view_as" else "reshape", isinstance(other, NestedTensor))
 
 
 def _check_ragged_match(op: str, nt: NestedTensor, other: NestedTensor) -> None:

@@ -132,7 +132,7 @@ def dense_cat_operands(tensors: Sequence[Any], dim: int) -> list[Any]:
     for t in tensors:
         if isinstance(t, Tensor) and not isinstance(t, NestedTensor) and t.dim() == ref.dim():
             if p not in ref._ragged:
-                nt = padded.as_nested("cat", t, ref)
+                nt = padded.as_nested("cat", t, ref, whole=True)
                 t = t if nt is None else nt
             elif ref._ragged == (p,) and ref._meta.host_sizes is not None:
                 t = _block(t, ref, p)

@@ -26,27 +26,23 @@ from typing import Any, Sequence
 import torch
 
 from padless.ops.common import content
-from padless.ops.common.host import from_host_structure, host_structure
-from padless.ops.common.structure import call
+from padless.ops.common.host import from_host_structure, host_structure, match_target
+from padless.ops.common.structure import RAGGED, call
 from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
-from padless.tensor.extents import Extent
+from padless.tensor.extents import Extent, check_extent
 
-__all__ = ["reshape_ragged", "split_ragged"]
+__all__ = ["reshape_by_extents", "reshape_ragged", "split_ragged"]
 
 
 def split_ragged(nt: NestedTensor, p: int, parts: Sequence[Any], op: str) -> NestedTensor:
     """Ragged sample dim ``p`` split into ``len(parts)`` ragged dims, row-major; each part is
     an :class:`Extent` (its per-sample values) or a plain int (the same for every sample)."""
     b = nt.batch_size
-    for e in parts:
-        if isinstance(e, Extent) and e.batch_size != b:
-            raise StructureError(
-                f"{op}(): a size read from the shape of a batch of {e.batch_size} samples splits a ragged dim "
-                f"of a batch of {b}; read the sizes from this batch's images"
-            )
+    for j, e in enumerate(parts):
+        check_extent(e, nt, op, f"sizes[{j}]")
     cols = [e.per_sample() if isinstance(e, Extent) else [int(e)] * b for e in parts]
     hs, ho = host_structure(nt, op)
     lengths = hs[:, p].tolist()
@@ -119,9 +115,10 @@ def _merge_span(nt: NestedTensor, rest: list[Any]) -> tuple[int, int] | None:
     return i, j
 
 
-def reshape_ragged(nt: NestedTensor, target: list[Any], op: str) -> NestedTensor | None:
+def reshape_ragged(nt: NestedTensor, target: list[Any], op: str, reinterpreting: bool = True) -> NestedTensor | None:
     """``reshape``/``view`` that merges adjacent ragged dims or splits one by per-sample sizes
-    (module docstring); None when ``target`` asks for neither."""
+    (module docstring); None when ``target`` asks for neither (and, with ``reinterpreting``,
+    ``reshape`` cannot read every sample in the new shape either)."""
     if torch.compiler.is_compiling() or not target or target[0] not in (-1, nt.batch_size):
         return None  # compiled: shapes are symbolic and host sizes cannot be read
     if any(isinstance(e, torch.SymInt) for e in target):
@@ -132,11 +129,67 @@ def reshape_ragged(nt: NestedTensor, target: list[Any], op: str) -> NestedTensor
         return call(torch.flatten, nt, span[0] + 1, span[1])
     plan = _split_plan(nt, rest)
     if plan is None:
-        return reinterpret(nt, rest, op) if op == "reshape" else None
+        return reinterpret(nt, rest, op) if op == "reshape" and reinterpreting else None
     out = nt
     for p, group in reversed(plan):  # last dim first: earlier indices stay valid
         out = split_ragged(out, p, group, op)
     return out
+
+
+def reshape_by_extents(nt: NestedTensor, target: list[Any], op: str, static_path: Any, trusted: bool = False) -> Any:
+    """``reshape``/``view`` to a target holding sizes read from a shape (:class:`Extent`).
+
+    Such a size is each sample's own, so the target names one shape per sample and the
+    answer is every sample reshaped to its own shape, as the dense op does on that sample
+    alone. The ways that keep the rows (a reshape of the static dims, ``static_path(dims)``;
+    a merge or a split of ragged dims) are taken only when they give every sample exactly
+    that shape: the target's ints alone may fit a rule by coincidence (``(B, -1, h, w)`` of
+    ``(C, h_i * w_i)`` tokens read as a static ``(1, 2, L)`` when ``C = 2`` and ``H = W = 2``).
+    Otherwise ``reshape`` reads every sample's memory in its shape (*reinterpret*) and
+    ``view`` refuses (it promises no copy). None when the batch dim is not kept (the
+    caller's rules apply). ``trusted``: the extents were checked to match ``nt`` already
+    (``reshape_as``), so the batch they were read from is not checked."""
+    b = nt.batch_size
+    if not target or target[0] not in (-1, b):
+        return None
+    rest = list(target[1:])
+    if rest.count(-1) > 1 or any(not isinstance(e, Extent) and type(e) is not int for e in rest):
+        return None
+    for j, e in enumerate(rest):
+        if not trusted:
+            check_extent(e, nt, op, f"shape[{j + 1}]")
+        elif isinstance(e, Extent) and e.batch_size != b:
+            return None
+    cols = [e._values() if isinstance(e, Extent) else (e,) * b for e in rest]
+    want = [[c[i] for c in cols] for i in range(b)]  # -1: inferred (one per target)
+    hs = host_structure(nt, op)[0]
+
+    def fits(got: list[list[int]]) -> bool:
+        return len(got) == b and all(
+            len(g) == len(w) and all(t == -1 or t == n for t, n in zip(w, g)) for g, w in zip(got, want)
+        )
+
+    try:
+        dims = match_target(nt, target, op)
+    except StructureError:
+        dims = None
+    if dims is not None:
+        rows = hs.tolist()
+        if fits([[row[n] if kind == RAGGED else n for kind, n in dims] for row in rows]):
+            return static_path(dims)
+    out = reshape_ragged(nt, target, op, reinterpreting=False)
+    if out is not None and fits(out.host_sizes().tolist()):
+        return out
+    if op == "reshape":
+        out = reinterpret(nt, rest, op)
+        if out is not None:
+            return out
+    shapes = ", ".join(f"sample {i}: {tuple(w)}" for i, w in enumerate(want[:3]))
+    raise StructureError(
+        f"{op}(): the target {tuple(int(e) for e in target)} holds sizes read from a shape, which give every sample "
+        f"its own shape ({shapes}{', ...' if b > 3 else ''}); reading each sample in its shape moves its elements "
+        "to new rows, a copy that view() does not make. Use reshape()"
+    )
 
 
 def reinterpret(nt: NestedTensor, rest: list[Any], op: str) -> NestedTensor | None:

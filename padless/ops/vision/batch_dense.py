@@ -24,8 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from padless.ops.common.dim0 import keeps_dim0
 from padless.tensor.construct import from_padded
 from padless.tensor.core import NestedTensor
+from padless.ops.vision.resample import SIZE_REWRITE
 from padless.tensor.extents import Extent, per_sample_extents
 
 __all__ = ["BatchDense", "batch_dense"]
@@ -47,27 +49,32 @@ class BatchDense(Tensor):
             out = func(*args, **kwargs)
             if func is Tensor.__repr__:
                 return out
-            b = _batch_of(args, kwargs)
-            return out if b is None else _keep(out, b)
+            src = _source(args, kwargs)
+            if src is None or not keeps_dim0(func, args, kwargs, src, mixing=True):
+                return out  # dim 0 moved (p.transpose(0, 1), p[perm]): no longer the batch
+            return _keep(out, src.shape[0], src.__dict__.get("_lineage"))
 
 
-def batch_dense(t: Tensor) -> BatchDense:
-    """``t`` (``(B, ...)``, dim 0 a NestedTensor's batch) as :class:`BatchDense`."""
-    return t.as_subclass(BatchDense)
+def batch_dense(t: Tensor, lineage: Any = None) -> BatchDense:
+    """``t`` (``(B, ...)``, dim 0 the batch of a NestedTensor of lineage ``lineage``, see
+    :mod:`padless.tensor.lineage`) as :class:`BatchDense`."""
+    out = t.as_subclass(BatchDense)
+    out._lineage = lineage
+    return out
 
 
-def _batch_of(args: Any, kwargs: dict) -> int | None:
+def _source(args: Any, kwargs: dict) -> BatchDense | None:
     for a in (*args, *kwargs.values()):  # called with torch functions off
         if isinstance(a, BatchDense) and a.dim():
-            return a.shape[0]
+            return a
     return None
 
 
-def _keep(out: Any, b: int) -> Any:
+def _keep(out: Any, b: int, lineage: Any) -> Any:
     if type(out) in (tuple, list):
-        return type(out)(_keep(o, b) for o in out)
+        return type(out)(_keep(o, b, lineage) for o in out)
     if type(out) is Tensor and out.dim() >= 1 and out.shape[0] == b:
-        return batch_dense(out)
+        return batch_dense(out, lineage)
     return out
 
 
@@ -81,10 +88,18 @@ def _interpolate_per_image(input: Tensor, size: Any = None, *args: Any, **kwargs
         return None
     with torch._C.DisableTorchFunctionSubclass():
         b, spatial = input.shape[0], list(input.shape[2:])
-        targets = per_sample_extents(size, b, "interpolate")
+        targets = per_sample_extents(size, _Target(b, input.__dict__.get("_lineage")), "interpolate", SIZE_REWRITE)
         if targets is None:
             return None
         plain = input.as_subclass(Tensor)
         lengths = torch.tensor([spatial] * b, dtype=torch.long)
         images = from_padded(plain, lengths, ragged_dims=tuple(range(1, 1 + k)))
+        images._lineage = input.__dict__.get("_lineage")  # the pooled batch's samples
     return F.interpolate(images, targets, *args, **kwargs)  # padless' per-image resize
+
+
+class _Target:
+    """The batch a pooled map belongs to, for :func:`per_sample_extents`."""
+
+    def __init__(self, batch_size: int, lineage: Any) -> None:
+        self.batch_size, self._lineage = batch_size, lineage

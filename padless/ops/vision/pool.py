@@ -261,7 +261,7 @@ def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
     out = out.view(b, oh, ow, c).permute(0, 3, 1, 2)
     # a map of several cells remembers its batch: F.interpolate(pooled, size=x.shape[2:]) then
     # brings each image's map to its own size (pyramid pooling; padless.ops.vision.batch_dense)
-    return batch_dense(out) if oh * ow > 1 and not torch.compiler.is_compiling() else out
+    return batch_dense(out, x._lineage) if oh * ow > 1 and not torch.compiler.is_compiling() else out
 
 
 @implements(F.adaptive_avg_pool2d, accepts="packed images (C, H_i, W_i)")

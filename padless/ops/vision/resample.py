@@ -81,14 +81,19 @@ def _int(op: str, what: str, v: Any) -> int:
         raise TypeError(f"{op}(): {what} must hold ints, got {v!r}") from None
 
 
-def per_image_sizes(op: str, size: Any, batch: int, k: int) -> list[tuple[int, ...]] | None:
+SIZE_REWRITE = " (or pass size=other, a NestedTensor, to bring every image to the size of the same sample of other)"
+
+
+def per_image_sizes(op: str, size: Any, input: Any, k: int) -> list[tuple[int, ...]] | None:
     """The per-image target sizes ``size`` names, or ``None`` when it is one size for all.
 
     Per-image forms: a NestedTensor (its last ``k`` sample dims), a CPU int tensor
     ``(B, k)``, a list/tuple of ``B`` sequences of ``k`` ints, or ``k`` ints read from a
     NestedTensor's shape (:class:`padless.tensor.extents.Extent`: each image gets its own
-    sample's size there; plain ints give every image the same size).
+    sample's size there; plain ints give every image the same size). ``input`` is the batch
+    the sizes apply to: sizes read from another batch's shape are refused.
     """
+    batch = input.batch_size
     if isinstance(size, NestedTensor):
         if size.batch_size != batch:
             raise StructureError(
@@ -119,7 +124,7 @@ def per_image_sizes(op: str, size: Any, batch: int, k: int) -> list[tuple[int, .
     if isinstance(size, (list, tuple)) and len(size) == k:
         # ``size=skip.shape[2:]``: entries read from a NestedTensor's shape name each image's
         # own size (padless.tensor.extents), as the dense code does for each image alone
-        return per_sample_extents(size, batch, op)
+        return per_sample_extents(size, input, op, SIZE_REWRITE)
     return None
 
 
@@ -147,7 +152,7 @@ def interpolate(
         if size is not None and scale_factor is not None:
             raise ValueError("interpolate(): only one of size or scale_factor should be defined")
         return traced_interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
-    targets = per_image_sizes("interpolate", size, input.batch_size, k)
+    targets = per_image_sizes("interpolate", size, input, k)
     if targets is not None and scale_factor is not None:
         raise ValueError("interpolate(): only one of size or scale_factor should be defined")
     if mode in ("nearest", "nearest-exact") and not antialias and align_corners is None:
