@@ -29,10 +29,9 @@ class LRU:
     """A map that drops its least recently used entries past ``max_entries`` entries or
     ``max_bytes`` bytes (either bound may be changed on the instance, e.g. by a test).
 
-    >>> c = LRU("example", max_entries=2, max_bytes=MiB, what="an example")
-    >>> c.put("a", 1); c.put("b", 2); c.get("a"); c.put("c", 3)
-    1
-    >>> sorted(c)   # "b" was the least recently used
+    >>> c = LRU("example", max_entries=2, max_bytes=MiB, what="an example", register=False)
+    >>> _ = c.put("a", 1), c.put("b", 2), c.get("a"), c.put("c", 3)
+    >>> list(c)   # "b" was the least recently used
     ['a', 'c']
     """
 
@@ -116,9 +115,16 @@ def caches() -> list[LRU]:
     return list(_ALL.values())
 
 
+_SCALARS = (bool, int, float, complex, type(None))
+
+
 def nbytes(obj: Any, _seen: set | None = None, _depth: int = 0) -> int:
     """Memory held by ``obj``: tensor storages (once each), numpy arrays, bytes and strings, and
     the containers and plain objects around them (their Python objects at ``sys.getsizeof``)."""
+    if isinstance(obj, _SCALARS):
+        return 32
+    if isinstance(obj, (str, bytes, bytearray)):
+        return sys.getsizeof(obj)
     seen = set() if _seen is None else _seen
     if id(obj) in seen or _depth > 6:
         return 0
@@ -134,10 +140,13 @@ def nbytes(obj: Any, _seen: set | None = None, _depth: int = 0) -> int:
         return st.nbytes() + 128
     if isinstance(obj, np.ndarray):
         return obj.nbytes + 112
-    if obj is None or isinstance(obj, (bool, int, float, complex, str, bytes, bytearray, type)):
-        return sys.getsizeof(obj)
+    if isinstance(obj, type):
+        return 0  # classes live anyway
     if isinstance(obj, (tuple, list, set, frozenset)):
-        return sys.getsizeof(obj) + sum(nbytes(o, seen, _depth + 1) for o in obj)
+        total = sys.getsizeof(obj)
+        for o in obj:
+            total += 32 if isinstance(o, _SCALARS) else nbytes(o, seen, _depth + 1)
+        return total
     if isinstance(obj, dict):
         return sys.getsizeof(obj) + sum(nbytes(k, seen, _depth + 1) + nbytes(v, seen, _depth + 1) for k, v in obj.items())
     total = sys.getsizeof(obj)

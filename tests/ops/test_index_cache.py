@@ -52,12 +52,12 @@ def test_row_coords_cache_is_bounded_by_entries():
     """Tiny batches that never repeat (1,000 collated batches) used to stay under the byte bound
     and grow the cache without end (+31.8 MiB): the entry bound stops them."""
     layout._COORDS.clear()
-    for n in range(2 * layout._COORDS.max_entries):
+    for n in range(512):
         sizes = torch.tensor([[n + 1], [2 * n + 1]])
         offsets = layout.offsets_from_counts(sizes[:, 0])
         sid, (c,) = layout.row_coords(sizes, offsets, (0,), int(offsets[-1]))
         assert torch.equal(c, torch.cat([torch.arange(n + 1), torch.arange(2 * n + 1)]))
-    assert len(layout._COORDS) == layout._COORDS.max_entries
+    assert len(layout._COORDS) == 256
     layout._COORDS.clear()
 
 
