@@ -116,8 +116,6 @@ def test_never_repeating_batches_keep_memory_flat(one_thread):
         assert len(c) <= c.max_entries and c.held_bytes <= c.max_bytes, c
 
 
-@pytest.mark.xfail(strict=False, reason="an envelope Extent (x.shape[1]) still closes over its batch's structure "
-                   "metadata and so its caches; Extents holding only host ints are another change of issue 39")
 def test_never_repeating_batches_keep_memory_flat_with_shapes_kept(one_thread):
     x = padless.from_list([torch.ones(2, 3), torch.ones(4, 3)])
     assert isinstance(x.shape[1], int)
