@@ -20,6 +20,7 @@ from padless.tensor.registry import lend, lent
 from padless.tensor.structure import StructureMeta, envelope_from_sizes, static_change
 from padless.tensor.traced import select_sample
 from padless.tensor.validate import norm_ragged_dims
+from padless.tensor.views import as_view, put_view, writes_matter
 
 
 def _sample_view(nt: NestedTensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
@@ -203,9 +204,12 @@ def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
     env = envelope_from_sizes(sub_sizes, nt._ragged, vals.shape[1:])
     meta = StructureMeta(sub_sizes, sub_offsets)
     dev = nt._offsets.device
-    return mark_dynamic(nested_from_values(
+    out = mark_dynamic(nested_from_values(
         sub_vals, sub_offsets.to(dev, non_blocking=True), sub_sizes.to(dev, non_blocking=True), nt._ragged, env, meta
     ))
+    if isinstance(index, slice) and index.step in (None, 1) and writes_matter(nt):  # a view: writes reach nt
+        out = as_view(out, nt, put_view(lambda r: r[lo:hi]))
+    return out
 
 
 def _select_slice_traced(nt: NestedTensor, index: slice) -> NestedTensor:
@@ -275,9 +279,12 @@ def getitem(nt: NestedTensor, index: Any) -> Tensor:
             sample = select_sample(values_of(nt), nt._offsets, nt._sizes, i, list(nt.storage_order))
             return sample[index[1:]] if len(index) > 1 else sample
         ho = nt.host_offsets()
-        rows = values_of(nt)[int(ho[i]) : int(ho[i + 1])]
-        sample = _sample_view(nt, rows, nt.host_sizes()[i].tolist())
-        return sample[index[1:]] if len(index) > 1 else sample
+        lo, hi, shape, rest = int(ho[i]), int(ho[i + 1]), nt.host_sizes()[i].tolist(), index[1:]
+        sample = _sample_view(nt, values_of(nt)[lo:hi], shape)
+        sample = sample[rest] if rest else sample
+        if writes_matter(nt):  # in-place ops on it write through to nt (padless.tensor.views)
+            sample = as_view(sample, nt, put_view(lambda r: _sample_view(nt, r[lo:hi], shape)[rest]))
+        return sample
     full = _expand_index(index, nt.dim())
     if full[0] is None:
         raise IndexError(
