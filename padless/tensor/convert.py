@@ -6,6 +6,8 @@ None of these is used by the op layer's hot path; they exist for users and tests
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -14,7 +16,7 @@ from torch import Tensor
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, split_rows, values_of
 from padless.tensor.core import NestedTensor
-from padless.tensor.dynamo import _is_traced, mark_dynamic
+from padless.tensor.dynamo import _TRACED_TYPES, _is_traced, mark_dynamic
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import lend, lent
 from padless.tensor.structure import StructureMeta, envelope_from_sizes, static_change
@@ -259,13 +261,40 @@ def _check_traced_sample_index(nt: NestedTensor, rest: tuple) -> None:
             )
 
 
+def _index_int(e: Any) -> Any:
+    """A numpy integer or a 0-d integer CPU tensor as the int it holds (what it means in an
+    index); a 0-d integer tensor on a device is refused (reading it is a sync)."""
+    if isinstance(e, Tensor):
+        if e.dim() != 0 or e.dtype == torch.bool or e.is_floating_point() or e.is_complex() or isinstance(e, NestedTensor):
+            return e
+        if torch.compiler.is_compiling() or isinstance(e, _TRACED_TYPES):
+            return e  # a graph's index: the op decides
+        if e.device.type != "cpu":
+            raise IndexError(
+                f"NestedTensor indexing: a 0-d index tensor on {e.device} would be read on the host (a device sync); "
+                "pass int(t) (or a CPU tensor) to index with it"
+            )
+        return int(e)
+    if isinstance(e, numbers.Integral) and not isinstance(e, (int, bool)):  # numpy integers
+        return operator.index(e)
+    if isinstance(e, slice) and any(x is not None and not isinstance(x, int) for x in (e.start, e.stop, e.step)):
+        return slice(_index_int(e.start), _index_int(e.stop), _index_int(e.step))
+    return e
+
+
+def index_ints(index: Any) -> tuple:
+    """``index`` as a tuple, numpy integers and 0-d integer CPU tensors read as ints (alone or as
+    slice bounds): ``x[:, np.int64(0):np.int64(2)]`` is ``x[:, 0:2]``, ``x[:, torch.tensor(1)]`` is ``x[:, 1]``."""
+    return tuple(_index_int(e) for e in (index if isinstance(index, tuple) else (index,)))
+
+
 def getitem(nt: NestedTensor, index: Any) -> Tensor:
     """``nt[i]`` -> dense sample i (``nt[i, ...]`` indexes into it); a slice, list, int tensor
     or bool mask on the batch dim -> sub-batch; then basic indexing inside every sample:
     ``nt[:, :, 1:3]``, ``nt[..., 0]``, ``nt[:, None]`` on static dims (views of ``values``).
     Ragged dims can only be taken whole (use ``narrow`` for a window of every sample)."""
     b = nt.batch_size
-    index = index if isinstance(index, tuple) else (index,)
+    index = index_ints(index)
     if len(index) == 0:
         return nt
     first = index[0]

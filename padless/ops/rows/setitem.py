@@ -24,7 +24,7 @@ from torch import Tensor
 from padless.ops.common.structure import call
 from padless.ops.rows.windows import take_windows
 from padless.tensor.views import SETITEM, is_view, write_through
-from padless.tensor.convert import _expand_index, getitem, select_samples
+from padless.tensor.convert import _expand_index, getitem, index_ints, select_samples
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements, lend
@@ -53,7 +53,7 @@ def _fill(view: Any, value: Any) -> None:
 @implements(torch.Tensor.__setitem__, accepts="packed; the index forms of __getitem__; a number, dense or packed value")
 def setitem(func, nt: NestedTensor, index: Any, value: Any) -> None:
     """``nt[index] = value``: the view ``nt[index]`` filled or copied into (module docstring)."""
-    entries = _expand_index(index if isinstance(index, tuple) else (index,), nt.dim())
+    entries = _expand_index(index_ints(index), nt.dim())
     batch, rest = entries[0], entries[1:]
     if batch is None:
         raise IndexError("NestedTensor indexing: None before the batch dim would add a dim in front of the batch")
