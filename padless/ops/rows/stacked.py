@@ -262,7 +262,7 @@ StackedBatch.__getattr__ = _missing  # only reached for names the class does not
 def _version(m: NestedTensor) -> int | None:
     """``m``'s values' version counter; None where there is none to read (inference, tracing)."""
     v = m._values
-    return None if v.is_inference() or _is_traced(v) else v._version
+    return None if _is_traced(v) or v.is_inference() else v._version
 
 
 def _refuse_write(base_rows: Tensor, new: Tensor) -> Tensor:
