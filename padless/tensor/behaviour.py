@@ -13,6 +13,7 @@ from padless.tensor.convert import getitem, unbind_samples
 from padless.tensor.core import NestedTensor, inner_tensors, wrap_like
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import implements, implements_aten, lent
+from padless.tensor.errors import StructureError
 from padless.tensor.structure import StructureMeta, check_same_structure
 
 aten = torch.ops.aten
@@ -149,6 +150,29 @@ def is_same_size(func, a, b) -> bool:
 @implements(torch.Tensor.__getitem__)
 def getitem_(func, nt: NestedTensor, index):
     return getitem(nt, index)
+
+
+@implements(torch.Tensor.data.__set__, accepts="a NestedTensor of the same structure, dtype and device")
+def set_data(func, nt: NestedTensor, other) -> None:
+    """``nt.data = other``: ``nt`` holds ``other``'s rows from now on (shared, as in torch), untracked by
+    autograd. ``nt``'s shape, dtype and device are fixed when it is made, so ``other`` must agree."""
+    if not isinstance(other, NestedTensor):
+        raise StructureError(
+            f"NestedTensor.data = ...: expected a NestedTensor of the same structure, got {type(other).__name__} of "
+            f"shape {tuple(getattr(other, 'shape', ()))}; to write rows, use `with torch.no_grad(): nt.copy_(src)`"
+        )
+    if other.dtype != nt.dtype or other.device != nt.device or other._values.shape[1:] != nt._values.shape[1:]:
+        raise StructureError(
+            f"NestedTensor.data = ...: nt is {tuple(nt.shape)} {nt.dtype} on {nt.device}, the new data "
+            f"{tuple(other.shape)} {other.dtype} on {other.device}; a NestedTensor's shape, dtype and device are "
+            "fixed, so make a new one (nt = other) or convert first (other.to(nt.dtype))"
+        )
+    check_same_structure("NestedTensor.data =", nt, other)
+    if type(nt) is not NestedTensor:  # a view or a canvas: from now on plain rows
+        nt.__class__ = NestedTensor
+    nt.__dict__.pop("_grad_rows", None)  # rows remembered from the op that built nt (tensor.autograd)
+    nt.__dict__.pop("_padless_view_of", None)
+    nt._values = other._values
 
 
 @implements(torch.Tensor.unbind, torch.unbind)

@@ -6,6 +6,8 @@ None of these is used by the op layer's hot path; they exist for users and tests
 from __future__ import annotations
 
 import math
+import numbers
+import operator
 from typing import Any, Callable, Sequence
 
 import torch
@@ -14,12 +16,13 @@ from torch import Tensor
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, split_rows, values_of
 from padless.tensor.core import NestedTensor
-from padless.tensor.dynamo import _is_traced, mark_dynamic
+from padless.tensor.dynamo import _TRACED_TYPES, _is_traced, mark_dynamic
 from padless.tensor.errors import StructureError
 from padless.tensor.registry import lend, lent
 from padless.tensor.structure import StructureMeta, envelope_from_sizes, static_change
 from padless.tensor.traced import select_sample
 from padless.tensor.validate import norm_ragged_dims
+from padless.tensor.views import as_view, put_view, writes_matter
 
 
 def _sample_view(nt: NestedTensor, rows: Tensor, shape: Sequence[int]) -> Tensor:
@@ -241,9 +244,12 @@ def select_samples(nt: NestedTensor, index: Any) -> NestedTensor:
     env = envelope_from_sizes(sub_sizes, nt._ragged, vals.shape[1:])
     meta = StructureMeta(sub_sizes, sub_offsets)
     dev = nt._offsets.device
-    return mark_dynamic(nested_from_values(
+    out = mark_dynamic(nested_from_values(
         sub_vals, sub_offsets.to(dev, non_blocking=True), sub_sizes.to(dev, non_blocking=True), nt._ragged, env, meta
     ))
+    if isinstance(index, slice) and index.step in (None, 1) and writes_matter(nt):  # a view: writes reach nt
+        out = as_view(out, nt, put_view(lambda r: r[lo:hi]))
+    return out
 
 
 def _select_slice_traced(nt: NestedTensor, index: slice) -> NestedTensor:
@@ -293,13 +299,40 @@ def _check_traced_sample_index(nt: NestedTensor, rest: tuple) -> None:
             )
 
 
+def _index_int(e: Any) -> Any:
+    """A numpy integer or a 0-d integer CPU tensor as the int it holds (what it means in an
+    index); a 0-d integer tensor on a device is refused (reading it is a sync)."""
+    if isinstance(e, Tensor):
+        if e.dim() != 0 or e.dtype == torch.bool or e.is_floating_point() or e.is_complex() or isinstance(e, NestedTensor):
+            return e
+        if torch.compiler.is_compiling() or isinstance(e, _TRACED_TYPES):
+            return e  # a graph's index: the op decides
+        if e.device.type != "cpu":
+            raise IndexError(
+                f"NestedTensor indexing: a 0-d index tensor on {e.device} would be read on the host (a device sync); "
+                "pass int(t) (or a CPU tensor) to index with it"
+            )
+        return int(e)
+    if isinstance(e, numbers.Integral) and not isinstance(e, (int, bool)):  # numpy integers
+        return operator.index(e)
+    if isinstance(e, slice) and any(x is not None and not isinstance(x, int) for x in (e.start, e.stop, e.step)):
+        return slice(_index_int(e.start), _index_int(e.stop), _index_int(e.step))
+    return e
+
+
+def index_ints(index: Any) -> tuple:
+    """``index`` as a tuple, numpy integers and 0-d integer CPU tensors read as ints (alone or as
+    slice bounds): ``x[:, np.int64(0):np.int64(2)]`` is ``x[:, 0:2]``, ``x[:, torch.tensor(1)]`` is ``x[:, 1]``."""
+    return tuple(_index_int(e) for e in (index if isinstance(index, tuple) else (index,)))
+
+
 def getitem(nt: NestedTensor, index: Any) -> Tensor:
     """``nt[i]`` -> dense sample i (``nt[i, ...]`` indexes into it); a slice, list, int tensor
     or bool mask on the batch dim -> sub-batch; then basic indexing inside every sample:
     ``nt[:, :, 1:3]``, ``nt[..., 0]``, ``nt[:, None]`` on static dims (views of ``values``).
     Ragged dims can only be taken whole (use ``narrow`` for a window of every sample)."""
     b = nt.batch_size
-    index = index if isinstance(index, tuple) else (index,)
+    index = index_ints(index)
     if len(index) == 0:
         return nt
     first = index[0]
@@ -313,9 +346,12 @@ def getitem(nt: NestedTensor, index: Any) -> Tensor:
             sample = select_sample(values_of(nt), nt._offsets, nt._sizes, i, list(nt.storage_order))
             return sample[index[1:]] if len(index) > 1 else sample
         ho = nt.host_offsets()
-        rows = values_of(nt)[int(ho[i]) : int(ho[i + 1])]
-        sample = _sample_view(nt, rows, nt.host_sizes()[i].tolist())
-        return sample[index[1:]] if len(index) > 1 else sample
+        lo, hi, shape, rest = int(ho[i]), int(ho[i + 1]), nt.host_sizes()[i].tolist(), index[1:]
+        sample = _sample_view(nt, values_of(nt)[lo:hi], shape)
+        sample = sample[rest] if rest else sample
+        if writes_matter(nt):  # in-place ops on it write through to nt (padless.tensor.views)
+            sample = as_view(sample, nt, put_view(lambda r: _sample_view(nt, r[lo:hi], shape)[rest]))
+        return sample
     full = _expand_index(index, nt.dim())
     if full[0] is None:
         raise IndexError(

@@ -62,7 +62,6 @@ class NeedsPerSample(Exception):
 _TLS = threading.local()
 # Torch-level calls that run the autograd engine (see ``NestedTensor.__torch_function__``).
 _BACKWARD_CALLS = (torch.Tensor.backward, torch.autograd.backward, torch.autograd.grad)
-_SKIP_ONE_HOP = getattr(torch.overrides, "redispatch_function", None)  # torch >= 2.12
 
 
 def _needs_grad(args: tuple, kwargs: dict) -> bool:
@@ -87,7 +86,7 @@ _pointwise_with_grad: Callable | None = None  # padless.tensor.fast_grad.pointwi
 _per_sample: Callable | None = None  # padless.tensor.fallback.per_sample
 _per_sample_function: Callable | None = None  # padless.tensor.fallback.per_sample_function
 _unbind_samples: Callable | None = None  # padless.tensor.convert.unbind_samples
-_grad_through_rows: Callable | None = None  # padless.tensor.grad_rows.grad_through_rows
+_backward_call: Callable | None = None  # padless.tensor.grad_rows.backward_call
 
 
 def _borrow(name: str) -> Callable:
@@ -227,19 +226,8 @@ class NestedTensor(Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         handler = FUNCTION_TABLE.get(func)
-        if handler is None and func in _BACKWARD_CALLS:
-            # The engine runs backward formulas as ATen ops (an op without a handler there runs
-            # per sample; re-running ``backward`` per sample is wrong). Only this hop is skipped:
-            # Python backward code (custom Functions, hooks) still sees NestedTensors at torch
-            # level; before torch 2.12 (no one-hop skip) the whole call runs below it.
-            # Intermediates among ``inputs`` are answered on their rows (tensor.grad_rows).
-            through = (_grad_through_rows or _borrow("grad_through_rows"))(func, args, kwargs)
-            if through is not NotImplemented:
-                return through
-            if _SKIP_ONE_HOP is not None:
-                return _SKIP_ONE_HOP(func, types, args, kwargs)
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
+        if handler is None and func in _BACKWARD_CALLS:  # the autograd engine (tensor.grad_rows.backward_call)
+            return (_backward_call or _borrow("backward_call"))(func, types, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():  # every result joins its input's batch (tensor.lineage)
             if handler is not None:
                 return inherit(handler(func, *args, **kwargs), args, kwargs, NestedTensor)

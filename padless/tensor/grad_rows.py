@@ -65,7 +65,28 @@ def _substitute(inputs: Any) -> tuple[list | None, dict[int, NestedTensor]]:
     return seq, swapped
 
 
-@lend("grad_through_rows")
+_SKIP_ONE_HOP = getattr(torch.overrides, "redispatch_function", None)  # torch >= 2.12
+
+
+@lend("backward_call")
+def backward_call(func: Callable, types: tuple, args: tuple, kwargs: dict) -> Any:
+    """``torch.autograd.grad`` / ``backward`` called with NestedTensors (from
+    ``NestedTensor.__torch_function__``).
+
+    The engine runs backward formulas as ATen ops (an op without a handler there runs per
+    sample; re-running ``backward`` per sample is wrong). Only this hop is skipped: Python
+    backward code (custom Functions, hooks) still sees NestedTensors at torch level; before
+    torch 2.12 (no one-hop skip) the whole call runs below it. Intermediates among
+    ``inputs`` are answered on their rows first (:func:`grad_through_rows`)."""
+    through = grad_through_rows(func, args, kwargs)
+    if through is not NotImplemented:
+        return through
+    if _SKIP_ONE_HOP is not None:
+        return _SKIP_ONE_HOP(func, types, args, kwargs)
+    with torch._C.DisableTorchFunctionSubclass():
+        return func(*args, **kwargs)
+
+
 def grad_through_rows(func: Callable, args: tuple, kwargs: dict) -> Any:
     """``torch.autograd.grad`` / ``backward`` with intermediate NestedTensors among ``inputs``
     (module docstring); ``NotImplemented`` when none of them remembers its rows."""

@@ -56,9 +56,9 @@ def test_stacked_batch_looks_like_the_dense_stack():
     s = torch.stack([a, a * 2])
     assert isinstance(s, StackedBatch)
     assert s.shape == (2, 2, 3, 4) and s.dim() == 4 and len(s) == 2 and s.size(0) == 2
-    assert s[0] is a
+    torch.testing.assert_close(s[0].values(), a.values())  # a's values (a view that refuses writes)
     parts = s.unbind(0)
-    assert parts[0] is a
+    torch.testing.assert_close(parts[1].values(), (a * 2).values())
     inner = s.nested()
     assert inner.shape == (2, 2, 3, 4)  # stacked inside every sample: (2, L_i, C)
     torch.testing.assert_close(inner.unbind()[1][1], (a * 2).unbind()[1])
@@ -84,3 +84,49 @@ def test_stack_errors():
         torch.softmax(s, 0)
     with pytest.raises(ValueError, match=r"a dense operand of shape \(2, 2, 3, 4\) spans the stack dim"):
         s + torch.randn(2, 2, 3, 4)
+
+
+def test_a_member_written_after_stacking_is_refused_not_read():
+    """Dense ``torch.stack`` copies: ``a.add_(10)`` afterwards leaves the stack as it was. The
+    stack here holds its members, so a use after such a write raises instead of reading 13."""
+    a = padless.from_list([torch.ones(2, 1), torch.ones(1, 1)])
+    b = a * 2
+    s = torch.stack([a, b])
+    torch.testing.assert_close(s.sum(0).values(), torch.full((3, 1), 3.0))  # before the write: fine
+    a.add_(10)
+    for use in (lambda: s.sum(0), lambda: s[1], lambda: s * 2, lambda: s.unbind(0), lambda: s.amax(0), lambda: list(s)):
+        with pytest.raises(RuntimeError, match=r"stack\(\): member 0 of the stack was written in place after torch.stack.*t.clone\(\)"):
+            use()
+
+
+def test_stacking_under_inference_mode_copies():
+    """Inference tensors have no version counter to watch: they are copied when stacked."""
+    with torch.inference_mode():
+        a = padless.from_list([torch.ones(2, 1), torch.ones(1, 1)])
+        s = torch.stack([a, a * 2])
+        a.add_(10)
+        torch.testing.assert_close(s.sum(0).values(), torch.full((3, 1), 3.0))
+
+
+def test_a_member_handed_out_refuses_writes():
+    a = padless.from_list([torch.ones(2, 1), torch.ones(1, 1)])
+    s = torch.stack([a, a * 2])
+    with pytest.raises(RuntimeError, match=r"s\[k\] \(and unbind, iteration\) hands out a member of the stack.*y = s\[k\] \+ 1"):
+        s[0].add_(1)
+    with pytest.raises(RuntimeError, match="hands out a member of the stack"):
+        s.unbind(0)[1].zero_()
+    torch.testing.assert_close(a.values(), torch.ones(3, 1))  # nothing was written
+    torch.testing.assert_close((s[0] + 1).values(), torch.full((3, 1), 2.0))
+
+
+def test_stacked_batch_out_of_range_and_missing_methods_name_the_fix():
+    a = padless.from_list([torch.ones(2, 1), torch.ones(1, 1)])
+    s = torch.stack([a, a])
+    with pytest.raises(IndexError, match=r"index 5 is out of range for a stack of 2 members"):
+        s[5]
+    for name in ("max", "softmax", "exp"):
+        with pytest.raises(AttributeError, match=rf"StackedBatch.{name}: .* supports sum/mean/amax/amin.*s.sum\(0\).*torch.stack\(tensors, dim=1\)"):
+            getattr(s, name)
+    with pytest.raises(AttributeError, match=r"StackedBatch.add_\(\): a stack of NestedTensors is not written in place.*s \+ 1"):
+        s.add_(1)
+    assert not hasattr(s, "max") and not hasattr(s, "no_such_name")

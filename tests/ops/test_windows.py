@@ -3,6 +3,7 @@ from every sample, clamped per sample as Python slicing clamps."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -83,3 +84,33 @@ def test_int_position_of_sole_ragged_dim(k):
     assert not isinstance(out, padless.NestedTensor) and out.shape == (3, 4)
     check_samples(lambda x: x[:, k, 1:3], lambda s: s[k, 1:3], [leaves([(2, 4), (4, 4)], 7, dtype=torch.float64)])
     check_samples(lambda x: x[:, :, k], lambda s: s[:, k], [leaves([(3, 4), (3, 2)], 8, ragged=(1,), dtype=torch.float64)])
+
+
+INT_LIKE = {
+    "numpy_window": ((slice(None), slice(np.int64(0), np.int64(2))), (slice(0, 2),)),
+    "numpy_negative_window": ((slice(None), slice(np.int32(-2), None)), (slice(-2, None),)),
+    "tensor_window": ((slice(None), slice(torch.tensor(1), torch.tensor(3))), (slice(1, 3),)),
+    "numpy_static": ((Ellipsis, np.int64(1)), (Ellipsis, 1)),
+    "tensor_static": ((slice(None), slice(None), torch.tensor(0)), (slice(None), 0)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(INT_LIKE))
+def test_numpy_ints_and_0d_tensors_index_as_ints(name):
+    """``x[:, np.int64(0):np.int64(2)]``, ``x[:, torch.tensor(1):...]``: the ints they hold."""
+    index, per_sample = INT_LIKE[name]
+    check_samples(lambda x: x[index], lambda s: s[per_sample], [leaves(SEQ, 3, dtype=torch.float64)])
+
+
+def test_0d_tensor_position_and_batch_index():
+    nts = [leaves([(3, 4), (5, 4), (1, 4)], 4, dtype=torch.float64)]
+    check_samples(lambda x: x[:, torch.tensor(-1)], lambda s: s[-1], nts)
+    x, dense = leaves([(3, 4), (5, 4)], 5, dtype=torch.float64)
+    torch.testing.assert_close(x[torch.tensor(1)], dense[1])
+    torch.testing.assert_close(x[np.int64(0), np.int64(2)], dense[0][2])
+
+
+def test_0d_index_tensor_off_the_cpu_is_refused():
+    x, _ = leaves(SEQ, 6, dtype=torch.float64)
+    with pytest.raises(IndexError, match=r"a 0-d index tensor on meta would be read on the host \(a device sync\); pass int\(t\)"):
+        x[:, torch.tensor(1, device="meta")]

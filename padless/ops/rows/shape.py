@@ -39,6 +39,7 @@ from padless.ops.rows import folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
 from padless.ops.rows.shape_ragged import reshape_by_extents, reshape_ragged, split_ragged
 from padless.tensor.extents import Extent
+from padless.tensor.views import as_view, put_view, writes_matter
 from padless.ops.rows.windows import take_windows
 from padless.tensor.registry import implements, lend
 from padless.tensor.errors import StructureError
@@ -357,7 +358,11 @@ def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
     (:mod:`padless.ops.rows.windows`). One indexing of ``values``."""
     nt, entries = take_windows(nt, entries)
     if not isinstance(nt, NestedTensor):  # x[:, k] on the only ragged dim: dense (B, ...)
+        if all(isinstance(e, slice) and e == slice(None) for e in entries):
+            return nt  # the position itself (a view that writes through, padless.tensor.views)
         return nt[(slice(None), *entries)]
+    if all(isinstance(e, slice) and e == slice(None) for e in entries):
+        return nt  # windows only
     dims = keep_all(nt)
     new: list[Any] = []
     vidx: list[Any] = [slice(None)]
@@ -393,7 +398,11 @@ def index_static(nt: NestedTensor, entries: Sequence[Any]) -> NestedTensor:
                 f"(got {type(e).__name__} at dim {p + 1}); use torch.gather or index x.values() for advanced indexing"
             )
         p += 1
-    return restructure(nt, values_of(nt)[tuple(vidx)], new)
+    vidx = tuple(vidx)
+    out = restructure(nt, values_of(nt)[vidx], new)
+    if writes_matter(nt):  # in-place ops on it write through to nt (padless.tensor.views)
+        out = as_view(out, nt, put_view(lambda r: r[vidx]))
+    return out
 
 
 @implements(torch.repeat_interleave, torch.Tensor.repeat_interleave, accepts="packed; int, size read from a shape or 1-D tensor repeats")

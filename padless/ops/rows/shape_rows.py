@@ -26,6 +26,7 @@ from padless.ops.common.host import from_host_structure, host_structure, static_
 from padless.ops.rows.shape_idioms import dense_cat_operands, drop_empty_dense
 from padless.ops.rows.stacked import stack_batches
 from padless.ops.rows.windows import window_rows
+from padless.tensor.views import as_view, put_rows
 from padless.ops.common.structure import STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
@@ -79,7 +80,7 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
             f"start={start}, length={length}"
         )
     rows, out_hs, out_ho = window_rows(nt, hs, ho, p, s, length)
-    return from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho)
+    return as_view(from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho), nt, put_rows(rows))
 
 
 def _narrow_traced(nt: NestedTensor, p: int, start: int, length: int) -> NestedTensor:

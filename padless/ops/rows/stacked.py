@@ -21,6 +21,15 @@ the dense stack. Ops over other dims map over the members (``s.sum(2)`` is the s
 ``m.sum(1)``); elementwise arithmetic maps over members and broadcasts an operand without
 the stack dim. Anything else names the fix: reduce or index the stack dim first, or stack
 inside every sample with ``torch.stack(tensors, dim=1)`` (:meth:`StackedBatch.nested`).
+
+**Copy semantics without the copy.** A dense ``torch.stack`` copies its inputs, so writing one
+of them afterwards (``a.add_(10)``) leaves the stack as it was. The stack here holds its
+members, so it remembers their version counters when it is made and every use checks them:
+a member written in place since makes the use raise, naming the member and the rewrite
+(stack after the write, or stack copies). Members without a version counter (inference
+tensors, made under ``torch.inference_mode()``) are copied when stacked. What ``s[k]``,
+``unbind`` and iteration hand out are the members' values as views that refuse in-place
+writes (a write into the dense ``s[k]`` would change the stack's copy, not ``a``).
 """
 
 from __future__ import annotations
@@ -32,14 +41,16 @@ from typing import Any, Callable, Sequence
 import torch
 from torch import Tensor
 
-from padless.tensor.core import NestedTensor, check_same_structure
+from padless.tensor.autograd import rewrap, values_of
+from padless.tensor.core import NestedTensor, _is_traced, check_same_structure
 from padless.tensor.errors import StructureError
+from padless.tensor.views import as_view
 
 
 class StackedBatch:
     """``n`` NestedTensors of one structure stacked along a new dim 0 (module docstring)."""
 
-    __slots__ = ("members",)
+    __slots__ = ("members", "_versions")
 
     def __init__(self, members: Sequence[NestedTensor]):
         members = tuple(members)
@@ -52,7 +63,20 @@ class StackedBatch:
                     f"stack(): NestedTensors of shapes {tuple(members[0].shape)} and {tuple(m.shape)} differ in "
                     "static extents; stacked batches must have one shape"
                 )
-        self.members = members
+        # an inference tensor has no version counter to watch: it is copied (module docstring)
+        self.members = tuple(m.clone() if m._values.is_inference() else m for m in members)
+        self._versions = tuple(_version(m) for m in self.members)
+
+    def _fresh(self) -> tuple[NestedTensor, ...]:
+        """The members, after checking that none was written in place since the stack was made."""
+        for k, (m, v) in enumerate(zip(self.members, self._versions)):
+            if v is not None and _version(m) != v:
+                raise RuntimeError(
+                    f"stack(): member {k} of the stack was written in place after torch.stack (a NestedTensor stack "
+                    "holds its members rather than a copy, so it would read the new values where the dense stack "
+                    "keeps the old ones); stack after the write, or stack copies: torch.stack([t.clone() for t in ts])"
+                )
+        return self.members
 
     # ------------------------------------------------------------------ what it looks like
     @property
@@ -71,7 +95,7 @@ class StackedBatch:
         return len(self.members)
 
     def __iter__(self):
-        return iter(self.members)
+        return iter([_read_only(m) for m in self._fresh()])
 
     dtype = property(lambda self: self.members[0].dtype)
     device = property(lambda self: self.members[0].device)
@@ -82,12 +106,12 @@ class StackedBatch:
 
     def unbind(self, dim: int = 0) -> tuple:
         if self._dim(dim, "unbind") == 0:
-            return self.members
-        return tuple(_wrap(parts) for parts in zip(*(m.unbind(self._dim(dim, "unbind") - 1) for m in self.members)))
+            return tuple(_read_only(m) for m in self._fresh())
+        return tuple(_wrap(parts) for parts in zip(*(m.unbind(self._dim(dim, "unbind") - 1) for m in self._fresh())))
 
     def nested(self, dim: int = 1) -> NestedTensor:
         """The members stacked inside every sample (``torch.stack(members, dim)``, ``dim >= 1``)."""
-        return torch.stack(list(self.members), dim)
+        return torch.stack(list(self._fresh()), dim)
 
     # ------------------------------------------------------------------ indexing
     def __getitem__(self, index: Any):
@@ -97,13 +121,19 @@ class StackedBatch:
         first, rest = index[0], index[1:]
         if first is Ellipsis:
             raise IndexError("StackedBatch indexing: index the stack dim first (s[k], s[:, ...])")
+        members = self._fresh()
         if isinstance(first, int) and not isinstance(first, bool):
-            m = self.members[first]
+            if not -len(members) <= first < len(members):
+                raise IndexError(
+                    f"StackedBatch indexing: index {first} is out of range for a stack of {len(members)} members "
+                    f"(the stack dim has size {len(members)})"
+                )
+            m = _read_only(members[first])
             return m[rest] if rest else m
         if isinstance(first, slice):
-            picked = self.members[first]
+            picked = members[first]
             if not picked:
-                raise IndexError(f"StackedBatch indexing: {first!r} selects no member of {len(self.members)}")
+                raise IndexError(f"StackedBatch indexing: {first!r} selects no member of {len(members)}")
             return _wrap([m[rest] if rest else m for m in picked])
         raise IndexError(f"StackedBatch indexing: the stack dim takes an int or a slice, got {type(first).__name__}")
 
@@ -116,7 +146,7 @@ class StackedBatch:
 
     def _reduce(self, op: str, combine: Callable, method: str, dim, keepdim: bool, finish=None, **kw):
         if dim is None:
-            return functools.reduce(combine, [getattr(m, method)(**kw) for m in self.members])
+            return functools.reduce(combine, [getattr(m, method)(**kw) for m in self._fresh()])
         if isinstance(dim, (tuple, list)):
             dims = sorted((self._dim(d, op) for d in dim), reverse=True)
             out = self
@@ -125,8 +155,8 @@ class StackedBatch:
             return out
         d = self._dim(dim, op)
         if d > 0:
-            return _wrap([getattr(m, method)(d - 1, keepdim=keepdim, **kw) for m in self.members])
-        out = functools.reduce(combine, self.members)
+            return _wrap([getattr(m, method)(d - 1, keepdim=keepdim, **kw) for m in self._fresh()])
+        out = functools.reduce(combine, self._fresh())
         if finish is not None:
             out = finish(out)
         if kw.get("dtype") is not None:
@@ -154,13 +184,13 @@ class StackedBatch:
         if isinstance(other, StackedBatch):
             if len(other) != len(self):
                 raise StructureError(f"StackedBatch: stacks of {len(self)} and {len(other)} members do not broadcast")
-            return _wrap([fn(a, b) for a, b in zip(self.members, other.members)])
+            return _wrap([fn(a, b) for a, b in zip(self._fresh(), other._fresh())])
         if isinstance(other, Tensor) and not isinstance(other, NestedTensor) and other.dim() > self.dim() - 1:
             raise StructureError(
                 f"StackedBatch: a dense operand of shape {tuple(other.shape)} spans the stack dim; index or reduce "
                 "the stack first (s[k], s.sum(0))"
             )
-        return _wrap([fn(a, other) for a in self.members])
+        return _wrap([fn(a, other) for a in self._fresh()])
 
     def __add__(self, o):
         return self._map(operator.add, o)
@@ -184,7 +214,7 @@ class StackedBatch:
         return self._map(operator.truediv, o)
 
     def __neg__(self):
-        return StackedBatch([-m for m in self.members])
+        return StackedBatch([-m for m in self._fresh()])
 
     # ------------------------------------------------------------------ torch.<fn>(stacked, ...)
     @classmethod
@@ -207,6 +237,45 @@ class StackedBatch:
 
 
 _METHODS = {"sum", "mean", "amax", "amin", "unbind", "dim", "size"}
+_SUPPORTED = "sum/mean/amax/amin, indexing, unbind and elementwise arithmetic (+ - * /)"
+
+
+def _missing(self: StackedBatch, name: str):
+    """Tensor methods a StackedBatch lacks: an AttributeError that names the fix (so ``hasattr`` stays False)."""
+    if name.startswith("_") or not hasattr(Tensor, name):
+        raise AttributeError(f"'StackedBatch' object has no attribute '{name}'")
+    if name.endswith("_") and not name.endswith("__"):
+        raise AttributeError(
+            f"StackedBatch.{name}(): a stack of NestedTensors is not written in place (it holds its members); "
+            f"write the members before stacking, or compute out of place (s + 1, s * 2), which a StackedBatch supports"
+        )
+    raise AttributeError(
+        f"StackedBatch.{name}: a StackedBatch (NestedTensors stacked in front of the batch dim) supports {_SUPPORTED}; "
+        "reduce or index the stack dim first (s.sum(0), s.amax(0), s[k]), or stack inside every sample with "
+        "torch.stack(tensors, dim=1)"
+    )
+
+
+StackedBatch.__getattr__ = _missing  # only reached for names the class does not define
+
+
+def _version(m: NestedTensor) -> int | None:
+    """``m``'s values' version counter; None where there is none to read (inference, tracing)."""
+    v = m._values
+    return None if _is_traced(v) or v.is_inference() else v._version
+
+
+def _refuse_write(base_rows: Tensor, new: Tensor) -> Tensor:
+    raise RuntimeError(
+        "StackedBatch: s[k] (and unbind, iteration) hands out a member of the stack, which is not written in place "
+        "through it (in dense torch it would be the stack's copy, here it is the tensor that was stacked); "
+        "write out of place (y = s[k] + 1), or write the member itself before stacking"
+    )
+
+
+def _read_only(m: NestedTensor) -> NestedTensor:
+    """``m``'s values as a view whose in-place writes are refused (:mod:`padless.tensor.views`)."""
+    return as_view(rewrap(values_of(m), m), m, _refuse_write)
 
 
 def _wrap(parts: Sequence[Tensor]):

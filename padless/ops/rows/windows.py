@@ -17,7 +17,8 @@ the result's structure, so the same window in every layer is one ``index_select`
 backward scatters the gradient back). Steps other than 1 are refused. ``narrow`` is the
 strict form (a sample too short for its window raises). An int on the only ragged dim,
 ``x[:, 0]``, picks that position of every sample (dense ``(B, ...)``; a sample too short
-raises, naming it).
+raises, naming it). Both are views that in-place ops write through to ``x``
+(:mod:`padless.tensor.views`): ``x[:, :1].zero_()``, ``x[:, -1] = t``.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from padless.ops.common.structure import call
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import NestedTensor, _is_traced
+from padless.tensor.views import as_view, put_rows
 
 
 def is_window(e: Any) -> bool:
@@ -78,13 +80,13 @@ def window(nt: NestedTensor, p: int, e: slice) -> NestedTensor:
     vals = values_of(nt)
     if hit is not None:
         rows, offsets, sizes, meta, env = hit
-        return nested_from_values(vals.index_select(0, rows), offsets, sizes, nt._ragged, env, meta)
+        return as_view(nested_from_values(vals.index_select(0, rows), offsets, sizes, nt._ragged, env, meta), nt, put_rows(rows))
     hs, ho = host_structure(nt, "getitem")
     start, length = bounds(hs[:, p], e.start, e.stop)
     rows, out_hs, out_ho = window_rows(nt, hs, ho, p, start, length)
     out = from_host_structure(vals.index_select(0, rows), out_hs, nt._ragged, nt, out_ho)
     nt._meta.derived[key] = (rows, out._offsets, out._sizes, out._meta, out._env)
-    return out
+    return as_view(out, nt, put_rows(rows))
 
 
 def bounds(n: torch.Tensor, start: int | None, stop: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +144,7 @@ def position(nt: NestedTensor, p: int, k: int) -> torch.Tensor:
             )
         rows = ho[:-1] + (k if k >= 0 else n + k)
         rows = nt._meta.derived[key] = rows.to(nt._values.device, non_blocking=True)
-    return values_of(nt).index_select(0, rows)
+    return as_view(values_of(nt).index_select(0, rows), nt, put_rows(rows))
 
 
 def _whole(e: slice, extent: int) -> bool:
