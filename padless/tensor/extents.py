@@ -296,8 +296,9 @@ def _shape(nt: Any) -> torch.Size:
         return Tensor.shape.__get__(nt)
     meta, sizes = nt._meta, nt._sizes
     cols = _columns(meta)
-    src = weakref.ref(meta)
     lin = weakref.ref(lineage) if lineage is not None else None
+    # the structure's identity is needed only without a lineage or without host sizes
+    src = weakref.ref(meta) if lin is None or cols is None else None
     b = len(sizes)
     dims: list[int] = [b, *env]
     for d in nt._ragged:
@@ -306,7 +307,7 @@ def _shape(nt: Any) -> torch.Size:
         if cols is not None:
             e._cols, e._lazy = cols[d], None
         else:
-            e._cols, e._lazy = None, _LazyColumn(src, weakref.ref(sizes), d)
+            e._cols, e._lazy = None, _LazyColumn(weakref.ref(meta), weakref.ref(sizes), d)
         dims[d + 1] = e
     out = torch.Size(dims)
     nt.__dict__["_extent_shape"] = (lineage, out)

@@ -25,6 +25,9 @@ from padless.tensor.structure import StructureMeta
 STEPS = int(os.environ.get("PADLESS_MEMORY_STEPS", "60"))
 WARMUP = 20
 GROWTH_MIB = 20
+#: What one kept ``(x.shape, x.size(1))`` may hold: the envelope ints and every sample's host
+#: sizes along the ragged dims (about 1 KiB measured, with the allocator's share), never the batch.
+KEPT_SHAPE_BYTES = 2048
 B, C = 4, 8
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -100,14 +103,14 @@ def _run(steps: int, keep_shapes: bool) -> dict:
     }
 
 
-def _check(r: dict) -> None:
+def _check(r: dict, kept: int = 0) -> None:
     print(f"\n{r['steps']} steps: RSS +{r['rss_growth_mib']:.1f} MiB, structures alive +{r['structures_grown']}, "
           f"long-lived query's cache entries {r['query_cache_entries']}")
     for c in r["caches"]:
         print("   ", c)
     assert r["structures_grown"] <= 16, f"structures kept alive from step to step: {r}"
     assert r["query_cache_entries"] <= 16, r
-    assert r["rss_growth_mib"] <= GROWTH_MIB, r
+    assert r["rss_growth_mib"] <= GROWTH_MIB + kept * KEPT_SHAPE_BYTES / 2**20, r
 
 
 def test_never_repeating_batches_keep_memory_flat(one_thread):
@@ -119,7 +122,7 @@ def test_never_repeating_batches_keep_memory_flat(one_thread):
 def test_never_repeating_batches_keep_memory_flat_with_shapes_kept(one_thread):
     x = padless.from_list([torch.ones(2, 3), torch.ones(4, 3)])
     assert isinstance(x.shape[1], int)
-    _check(_run(STEPS, keep_shapes=True))
+    _check(_run(STEPS, keep_shapes=True), kept=3 * STEPS)  # three batches' shapes a step, kept by the caller
 
 
 def test_every_cache_states_its_bounds():
