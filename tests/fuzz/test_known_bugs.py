@@ -23,6 +23,7 @@ TARGETS = {
     "stack_write": ({"stack"}, None, {"no_grad"}),
     "inference_mode": ({"basic"}, "tokens", {"inference"}),
     "grad_intermediate": ({"basic"}, "tokens", {"grad"}),
+    "empty_attention": ({"padded"}, "heads", {"no_grad"}),
     "window_extent_bound": ({"window"}, "tokens", {"no_grad"}),
     "packed_rows": ({"rows"}, "tokens", {"no_grad"}),
     "view_reinterpret": ({"reshape"}, "images", {"no_grad"}),

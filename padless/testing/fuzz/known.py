@@ -13,7 +13,7 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 
 from __future__ import annotations
 
-from padless.testing.fuzz.padded import OPERAND_DATA_WRITE
+from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_EXTENT_BOUND, WINDOW_INPLACE, WINDOW_SETITEM
@@ -45,6 +45,8 @@ KNOWN_BUGS: dict[str, str] = {
     "x.reshape(B, 2, -1), keep their shape instead of each becoming (2, L_i)",
     PACKED_ROWS: "found by this fuzzer (not in issue 39): x.reshape(-1, C) of a batch whose envelope is "
     "(B, 1, C) is read as reshape(B, ...) (a NestedTensor) instead of the packed rows",
+    EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
+    "are all empty ((H, 0, D) each) raises index_select(): self indexing axis dim should be positive",
     WINDOW_EXTENT_BOUND: "found by this fuzzer (not in issue 39): a window bound computed from an extent, "
     "x[:, :x.shape[1] - 1], is read as the envelope's int (each sample keeps L - 1 rows, clamped) "
     "instead of each sample's own L_i - 1",

@@ -24,6 +24,7 @@ from padless.testing.fuzz.core import Chooser, Step, seeded
 
 # tags (see padless.testing.fuzz.known)
 OPERAND_DATA_WRITE = "operand_data_write"
+EMPTY_ATTENTION = "empty_attention"
 
 WRITES = ("data.fill_", "data.copy_", "no_grad add_")
 
@@ -61,17 +62,28 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
         while drop < len(shape) - 1 and shape[drop] == 1 and c.integer(0, 1):
             drop += 1  # missing leading dims count as 1
         shape = shape[drop:]
+        # "sliced": a larger table cut to the envelope, pos[:, :x.shape[1]], as position
+        # embeddings are; else the operand has the envelope's extents (a mask from x.shape)
+        sliced = c.integer(0, 2) == 0
+        big = [n + 2 if j >= len(shape) - d_n and (j - len(shape) + d_n) in ragged and n != 1 else n
+               for j, n in enumerate(shape)] if sliced else shape
         kind = c.choice(["add", "mul", "rsub", "where", "masked_fill", "bool_where"])
         boolean = kind == "bool_where"
         rg = not boolean and c.choice([False, True])
         # a write the version counter sees would fail the backward of an op that saved the
         # operand, on both sides: the first read is an add, or a bool mask written by .data
-        write = c.choice([None, None] + list(WRITES[:2] if boolean else WRITES))
-        base = seeded(seed, shape, x.dtype)
+        # (an in-place add to a parameter mid-forward is left out: whether a backward then
+        # fails on a saved version depends on torch's backend, on both sides)
+        write = c.choice([None, None] + list(WRITES[:2] if boolean or rg else WRITES))
+        base = seeded(seed, big, x.dtype)
         if boolean:
             base = base > 0
 
         def read(t, o, d):
+            if sliced:  # cut at this side's extents: the envelope, or the sample's own
+                lead = d.dim() - d_n
+                d = d[(slice(None),) * lead + tuple(slice(0, t.shape[o + j]) if d.shape[lead + j] != 1 else slice(None)
+                                                    for j in range(d_n))]
             return o.at(d, t.shape[o:])
 
         def use(t, o, v, k):
@@ -96,7 +108,7 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
             return use(y, o, read(y, o, d), 1)
 
         tags = {OPERAND_DATA_WRITE} if write and write.startswith("data") else set()
-        name = f"operand({kind}, {tuple(shape)}{', param' if rg else ''}{', then ' + write + ', again' if write else ''})"
+        name = f"operand({kind}, {tuple(shape)}{' cut from ' + str(tuple(big)) if sliced else ''}{', param' if rg else ''}{', then ' + write + ', again' if write else ''})"
         return Step(name, fn, family="padded", tags=frozenset(tags))
 
     out.append(operand)
@@ -129,8 +141,8 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
             bdim = c.choice([1, b])
             hm = c.choice([1, h])
             how = c.choice(["sdpa", "scores"])
-            write = c.choice([None, None] + list(WRITES))
             rg = c.choice([False, True])
+            write = c.choice([None, None] + list(WRITES[:2] if rg else WRITES))
             base = seeded(seed, (bdim, hm, env[1], env[1]), x.dtype)
 
             def fn(t, o):
@@ -147,6 +159,8 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                 return F.scaled_dot_product_attention(y, t, t, attn_mask=o.at(m, sh))
 
             tags = {OPERAND_DATA_WRITE} if write and write.startswith("data") else set()
+            if env[1] == 0:
+                tags.add(EMPTY_ATTENTION)
             name = f"attention({how}, mask ({bdim}, {hm}, L, L){', param' if rg else ''}{', then ' + write if write else ''})"
             return Step(name, fn, family="padded", tags=frozenset(tags))
 
