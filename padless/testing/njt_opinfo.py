@@ -85,7 +85,7 @@ class Result:
     """One sample in one phase: NJT's outcome (``pass``/``fail``), padless's (``pass``,
     ``refused`` (by a :data:`BY_DESIGN` rule), ``known`` (a :data:`KNOWN` entry), ``fail``),
     and, in backward, whether the gradients with respect to converted intermediates match
-    (``inter``: ``pass``/``fail``/``-``)."""
+    (``inter``: ``pass``, ``unused`` (off the graph: issue 39 #7), ``fail``, or ``-``)."""
 
     op: str
     idx: int
@@ -97,6 +97,7 @@ class Result:
     inter: str = "-"
     reason: str = ""
     njt_detail: str = ""
+    inter_detail: str = ""
 
     @property
     def ok(self) -> bool:
@@ -104,7 +105,7 @@ class Result:
         known bug, or, for the gradients of intermediates, :data:`KNOWN_INTERMEDIATE`)."""
         if self.njt != "pass":
             return True
-        inter_ok = self.inter != "fail" or KNOWN_INTERMEDIATE is not None
+        inter_ok = self.inter != "fail" and (self.inter != "unused" or KNOWN_INTERMEDIATE is not None)
         return self.padless in ("pass", "refused", "known") and inter_ok
 
 
@@ -281,7 +282,8 @@ def check_sample(op: Any, idx: int, sample: Any, phase: str) -> Result:
                     diff = compare([_grad_components(a, w) for a, w in zip(g, wrt)],
                                    [_grad_components(b, w) for b, w in zip(g_ref, ref_wrt)])
                     diff = None if diff is None else f"gradient: {diff}"
-                    res.inter = _intermediates(op, sample, g_ref, ref_wrt, seed) if diff is None else "-"
+                    if diff is None:
+                        res.inter, res.inter_detail = _intermediates(op, sample, g_ref, ref_wrt, seed)
         except Exception as e:  # noqa: BLE001
             diff = f"raised {type(e).__name__}: {str(e)[:300]}"
         if diff is None:
@@ -299,16 +301,29 @@ def check_sample(op: Any, idx: int, sample: Any, phase: str) -> Result:
     return res
 
 
-def _intermediates(op: Any, sample: Any, g_ref: list, ref_wrt: list[Tensor], seed: int) -> str:
-    """Gradients with respect to padless tensors converted from the NJTs with their history."""
+def _nonzero(g: Tensor | None) -> bool:
+    """A gradient with some entry that is not 0 (NaN counts)."""
+    if g is None:
+        return False
+    parts = _components(g)
+    return any(bool((p != 0).any()) for p in (parts if isinstance(parts, list) else [parts]))
+
+
+def _intermediates(op: Any, sample: Any, g_ref: list, ref_wrt: list[Tensor], seed: int) -> tuple[str, str]:
+    """Gradients with respect to padless tensors converted from the NJTs with their history:
+    ``("pass", "")``, ``("unused", ...)`` when autograd finds such a tensor off the graph
+    (no gradient where the reference has one: issue 39 #7's signature), or ``("fail", ...)``."""
     try:
         inp, args, kwargs, wrt = _convert(sample, "history")
         g = _grads(op.op(inp, *args, **kwargs), wrt, seed)
-        diff = compare([_grad_components(a, w) for a, w in zip(g, wrt)],
-                       [_grad_components(b, w) for b, w in zip(g_ref, ref_wrt)])
-    except Exception:  # noqa: BLE001
-        return "fail"
-    return "pass" if diff is None else "fail"
+    except Exception as e:  # noqa: BLE001
+        return "fail", f"raised {type(e).__name__}: {str(e)[:200]}"
+    unused = [k for k, (a, b) in enumerate(zip(g, g_ref)) if a is None and _nonzero(b) and isinstance(wrt[k], NestedTensor)]
+    if unused:
+        return "unused", f"inputs {unused}: no gradient (not on the graph), the reference has one"
+    diff = compare([_grad_components(a, w) for a, w in zip(g, wrt)],
+                   [_grad_components(b, w) for b, w in zip(g_ref, ref_wrt)])
+    return ("pass", "") if diff is None else ("fail", diff[:300])
 
 
 # ---------------------------------------------------------------------------- runs
@@ -342,15 +357,15 @@ def summarize(results: list[Result]) -> str:
     """Counts per phase: samples NJT passes, and of those padless passes / refuses by a rule /
     known bugs / fails; padless on the samples NJT fails; gradients wrt intermediates."""
     lines = [f"{'phase':<9}{'samples':>8}{'NJT pass':>9}{'padless:':>9}{'pass':>6}{'by rule':>8}{'known':>6}"
-             f"{'fails':>6}   {'NJT fails, padless passes':>26}   {'grad wrt intermediates pass/fail':>33}"]
+             f"{'fails':>6}   {'NJT fails, padless passes':>26}   {'grad wrt intermediates pass/unused/fail':>40}"]
     for phase in ("forward", "backward"):
         rs = [r for r in results if r.phase == phase and r.njt != "skip"]
         njt_ok = [r for r in rs if r.njt == "pass"]
         c = {k: sum(1 for r in njt_ok if r.padless == k) for k in ("pass", "refused", "known", "fail")}
         extra = sum(1 for r in rs if r.njt != "pass" and r.padless == "pass")
-        inter = f"{sum(1 for r in rs if r.inter == 'pass')}/{sum(1 for r in rs if r.inter == 'fail')}"
+        inter = "/".join(str(sum(1 for r in rs if r.inter == k)) for k in ("pass", "unused", "fail"))
         lines.append(f"{phase:<9}{len(rs):>8}{len(njt_ok):>9}{'':>9}{c['pass']:>6}{c['refused']:>8}{c['known']:>6}"
-                     f"{c['fail']:>6}   {extra:>26}   {inter:>33}")
+                     f"{c['fail']:>6}   {extra:>26}   {inter:>40}")
     skipped = sum(1 for r in results if r.njt == "skip")
     if skipped:
         lines.append(f"({skipped} samples whose reference cannot run are left out)")
