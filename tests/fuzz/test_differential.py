@@ -7,6 +7,9 @@ the summary table (steps per family, refusals, gaps, wrong values; also with
 ``PADLESS_FUZZ_SUMMARY=1``). ``PADLESS_FUZZ_RANDOM=1`` draws new cases every run instead of the
 fixed sequence. The plain-random sweep is ``python -m padless.testing.fuzz --examples 5000``.
 
+Two streams of cases: hypothesis draws (shrunk on failure) and plain random draws (seed k is
+case k of the sweep), which spread more evenly over the families, layouts and modes.
+
 A case that fails at a step whose mechanism is listed in :mod:`padless.testing.fuzz.known`
 (a bug being fixed elsewhere) is counted, not raised: the test then ends as xfail (not strict),
 naming the entries it hit, and passes once none is hit. Any other failure fails the test,
@@ -16,6 +19,7 @@ shrunk by hypothesis.
 from __future__ import annotations
 
 import os
+import random
 
 import pytest
 import torch
@@ -24,7 +28,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from padless.testing.fuzz import Case, Step, draw_case, judge, run_case  # noqa: E402
+from padless.testing.fuzz import Case, RandomChooser, Step, draw_case, judge, run_case  # noqa: E402
 from padless.testing.fuzz.sweep import Tally  # noqa: E402
 
 EXAMPLES = int(os.environ.get("PADLESS_FUZZ_EXAMPLES", "60"))
@@ -52,7 +56,24 @@ def _one_thread():
     torch.set_num_threads(n)
 
 
+def _finish(tally: Tally, capsys, what: str) -> None:
+    if SUMMARY:
+        with capsys.disabled():
+            print(f"\n{what}:\n" + tally.table())
+    if tally.known:
+        pytest.xfail("known bugs hit (padless.testing.fuzz.known): "
+                     + ", ".join(f"{k} x{n}" for k, n in sorted(tally.known.items())))
+
+
+def _check(case, tally: Tally, label: str = "") -> None:
+    v = judge(case)
+    if not v.ok:
+        raise AssertionError(f"{label}{case!r}\n{v.status}: {v.detail}")
+    tally.add(case, v)
+
+
 def test_op_chains_match_per_sample_dense_torch(capsys):
+    """Hypothesis draws (failures are shrunk)."""
     tally = Tally()
 
     @settings(
@@ -64,19 +85,21 @@ def test_op_chains_match_per_sample_dense_torch(capsys):
     )
     @given(st.data())
     def chains(data):
-        case = draw_case(_HypothesisChooser(data))
-        v = judge(case)
-        if not v.ok:
-            raise AssertionError(f"{case!r}\n{v.status}: {v.detail}")
-        tally.add(case, v)
+        _check(draw_case(_HypothesisChooser(data)), tally)
 
     chains()
-    if SUMMARY:
-        with capsys.disabled():
-            print("\n" + tally.table())
-    if tally.known:
-        pytest.xfail("known bugs hit (padless.testing.fuzz.known): "
-                     + ", ".join(f"{k} x{n}" for k, n in sorted(tally.known.items())))
+    _finish(tally, capsys, "hypothesis draws")
+
+
+def test_random_op_chains_match_per_sample_dense_torch(capsys):
+    """Plain random draws, as the sweep makes them (hypothesis favours the first options of every
+    choice; these spread over every family, layout and mode). Case k comes from seed k."""
+    tally = Tally()
+    start = random.randrange(1 << 30) if not DERANDOMIZE else 0
+    for k in range(start, start + EXAMPLES):
+        _check(draw_case(RandomChooser(random.Random(k))), tally, f"seed {k} (python -m padless.testing.fuzz "
+               f"--seed {k} --examples 1): ")
+    _finish(tally, capsys, "random draws")
 
 
 def test_fuzzer_reports_a_wrong_op_with_its_case():

@@ -7,8 +7,9 @@ operands, :class:`padless.testing.fuzz.core.Side`), under the case's mode. The o
 * ``pass``: every step's result matches sample by sample (values, structure, dtype), and in
   grad mode so do the gradients of the inputs, of the dense operands that need one (the sum
   of the samples' gradients) and of the intermediate ``Case.wrt``;
-* ``refused``: padless raised at the step where some sample alone raises too (that sample
-  has no value to compare with): a correct outcome;
+* ``refused``: padless refused (``StructureError``/``NotImplementedError``, or the error that
+  sample raises) at the step where some sample alone raises too (that sample has no value to
+  compare with): a correct outcome;
 * ``lenient``: padless gave an empty sample an empty result where torch refuses that empty
   sample alone (``interpolate`` to a size of 0): counted, not a failure;
 * ``gap``: padless refused (``StructureError``/``NotImplementedError``) a step every sample
@@ -199,7 +200,11 @@ def _judge(case: Case) -> Verdict:
     if k_nt is not None:
         e = got.error
         if k_dense is not None and k_dense == k_nt:
-            return _verdict(case, "refused", k_nt, f"raised {type(e).__name__} as sample {_first_failing(refs)} does")
+            i = _first_failing(refs)
+            if isinstance(e, REFUSALS) or isinstance(e, type(refs[i].error)):
+                return _verdict(case, "refused", k_nt, f"raised {type(e).__name__} as sample {i} does")
+            return _verdict(case, "error", k_nt, f"raised {type(e).__name__}: {e} (sample {i} alone raises "
+                            f"{type(refs[i].error).__name__}: a refusal should be clear)")
         if k_dense is not None and k_dense < k_nt:
             return _answered(case, nt, got, refs, k_dense)
         status = "gap" if isinstance(e, REFUSALS) else "error"
