@@ -22,6 +22,7 @@ import torch
 
 pytest.importorskip("expecttest", reason="torch.testing._internal (the NJT OpInfo database) needs expecttest")
 
+import padless  # noqa: E402
 from padless.testing import njt_opinfo  # noqa: E402
 
 FULL = os.environ.get("PADLESS_NJT_OPINFO", "").strip().lower() == "full"
@@ -35,6 +36,34 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+class _FakeOp:
+    """An OpInfo-like entry whose op doubles padless inputs (wrong) and is right on NJTs."""
+
+    full_name = "fake_double"
+    supports_autograd = True
+
+    @staticmethod
+    def op(x):
+        return x * (2.0 if isinstance(x, padless.NestedTensor) else 1.0)
+
+    @staticmethod
+    def ref(op, sample):
+        return torch.nested.as_nested_tensor([c * 1.0 for c in sample.input.unbind()], layout=torch.jagged)
+
+
+class _Sample:
+    def __init__(self, requires_grad):
+        parts = [torch.randn(2, 3), torch.randn(4, 3)]
+        self.input = torch.nested.nested_tensor(parts, layout=torch.jagged, requires_grad=requires_grad)
+        self.args, self.kwargs, self.name = (), {}, "fake"
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+def test_the_harness_catches_a_wrong_padless_op(phase):
+    r = njt_opinfo.check_sample(_FakeOp, 0, _Sample(phase == "backward"), phase)
+    assert (r.njt, r.padless) == ("pass", "fail") and not r.ok and "output 0" in r.detail
 
 
 @pytest.mark.parametrize("op", OPS, ids=[op.full_name for op in OPS])

@@ -11,8 +11,8 @@ For every op and sample, :func:`check_sample` runs:
 
 * **NJT**: the op on the NJT sample against its reference (values; in backward, the
   gradients of the sample's inputs too);
-* **padless**: the same values as padless NestedTensors (``padless.nested``'s conversion of
-  each NJT, :func:`padless.tensor.construct.from_njt`), the op on them, compared sample by
+* **padless**: the same values as padless NestedTensors (each NJT converted by
+  ``padless.from_njt``: holes dropped, transposed ones kept transposed), the op on them, compared sample by
   sample with the same reference. In backward the inputs are padless leaves and their
   gradients are compared with the reference's; then once more with the inputs converted from
   the NJTs with their autograd history (gradients taken with respect to those padless
@@ -278,7 +278,9 @@ def check_sample(op: Any, idx: int, sample: Any, phase: str) -> Result:
             diff = compare(pl, ref)
             if diff is None and phase == "backward":
                 g = _grads(pl, wrt, seed) if g_ref is not None else None
-                if g_ref is not None:
+                if g_ref is not None and g is None:
+                    diff = "gradient: padless's output needs no gradient, the reference's does"
+                elif g_ref is not None:
                     diff = compare([_grad_components(a, w) for a, w in zip(g, wrt)],
                                    [_grad_components(b, w) for b, w in zip(g_ref, ref_wrt)])
                     diff = None if diff is None else f"gradient: {diff}"
@@ -318,6 +320,8 @@ def _intermediates(op: Any, sample: Any, g_ref: list, ref_wrt: list[Tensor], see
         g = _grads(op.op(inp, *args, **kwargs), wrt, seed)
     except Exception as e:  # noqa: BLE001
         return "fail", f"raised {type(e).__name__}: {str(e)[:200]}"
+    if g is None:
+        return "unused", "the output needs no gradient (off the graph), the reference's does"
     unused = [k for k, (a, b) in enumerate(zip(g, g_ref)) if a is None and _nonzero(b) and isinstance(wrt[k], NestedTensor)]
     if unused:
         return "unused", f"inputs {unused}: no gradient (not on the graph), the reference has one"

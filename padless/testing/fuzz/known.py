@@ -13,7 +13,7 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 
 from __future__ import annotations
 
-from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE
+from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_EXTENT_BOUND, WINDOW_INPLACE, WINDOW_SETITEM
@@ -47,6 +47,10 @@ KNOWN_BUGS: dict[str, str] = {
     "(B, 1, C) is read as reshape(B, ...) (a NestedTensor) instead of the packed rows",
     EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
     "are all empty ((H, 0, D) each) raises index_select(): self indexing axis dim should be positive",
+    SCORES_OPERAND_WRITE: "found by this fuzzer (not in issue 39): softmax(q @ k^T + bias) @ v with a dense bias that "
+    "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
+    "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
+    "bias.add_(1)) fails the backward with autograd's version error; dense eager keeps no bias there",
     WINDOW_EXTENT_BOUND: "found by this fuzzer (not in issue 39): a window bound computed from an extent, "
     "x[:, :x.shape[1] - 1], is read as the envelope's int (each sample keeps L - 1 rows, clamped) "
     "instead of each sample's own L_i - 1",

@@ -25,6 +25,7 @@ from padless.testing.fuzz.core import Chooser, Step, seeded
 # tags (see padless.testing.fuzz.known)
 OPERAND_DATA_WRITE = "operand_data_write"
 EMPTY_ATTENTION = "empty_attention"
+SCORES_OPERAND_WRITE = "scores_operand_write"
 
 WRITES = ("data.fill_", "data.copy_", "no_grad add_")
 
@@ -161,6 +162,8 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
             tags = {OPERAND_DATA_WRITE} if write and write.startswith("data") else set()
             if env[1] == 0:
                 tags.add(EMPTY_ATTENTION)
+            if write and how == "scores":
+                tags.add(SCORES_OPERAND_WRITE)
             name = f"attention({how}, mask ({bdim}, {hm}, L, L){', param' if rg else ''}{', then ' + write if write else ''})"
             return Step(name, fn, family="padded", tags=frozenset(tags))
 
