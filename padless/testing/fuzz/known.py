@@ -1,7 +1,7 @@
 """What the fuzzer knows to be broken today, as data: one entry per mechanism (a tag that the
 steps using it carry, see :attr:`padless.testing.fuzz.core.Step.tags`), with the finding it
 belongs to. A case that fails at a step carrying a listed tag (or, for the case-level tags,
-that passes once that mode is switched off) is an expected failure: the tests count it and
+that fails otherwise or not at all once that mode is switched off) is an expected failure: the tests count it and
 mark the run xfail (not strict) instead of failing. Delete an entry once its fix is merged:
 ``tests/fuzz/test_known_bugs.py`` checks that a targeted draw still finds every entry, and
 fails naming the entry when it no longer does.
@@ -14,11 +14,11 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 from __future__ import annotations
 
 from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
-from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
+from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_EXTENT_BOUND, WINDOW_INPLACE, WINDOW_SETITEM
 
-# case-level tags: set when a failure goes away with that mode off (see run.attribute)
+# case-level tags: set when a failure goes away, or changes, with that mode off (padless.testing.fuzz.run.judge)
 INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
@@ -39,7 +39,8 @@ KNOWN_BUGS: dict[str, str] = {
     INFERENCE_MODE: "issue 39 #6 (inference_mode): ragged reductions, windows, padded reads raise "
     "'Inference tensors do not track version counter' under torch.inference_mode()",
     GRAD_INTERMEDIATE: "issue 39 #7 (autograd wrt intermediates): the fast elementwise gradient path runs on "
-    "values, so torch.autograd.grad(out, h) of an intermediate NestedTensor h says h was not used",
+    "values, so torch.autograd.grad(out, h) of an intermediate NestedTensor h says h was not used, or misses "
+    "the paths that went around h",
     RESHAPE_PLAIN: "found by this fuzzer (not in issue 39): a reshape target of plain ints (and -1) that happens "
     "to equal the envelope is taken for the identity: (L_i, 2) samples with envelope (2, 2), "
     "x.reshape(B, 2, -1), keep their shape instead of each becoming (2, L_i)",
