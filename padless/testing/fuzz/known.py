@@ -1,0 +1,80 @@
+"""What the fuzzer knows to be broken today, as data: one entry per mechanism (a tag that the
+steps using it carry, see :attr:`padless.testing.fuzz.core.Step.tags`), with the finding it
+belongs to. A case that fails at a step carrying a listed tag (or, for the case-level tags,
+that fails otherwise or not at all once that mode is switched off) is an expected failure: the tests count it and
+mark the run xfail (not strict) instead of failing. Delete an entry once its fix is merged:
+``tests/fuzz/test_known_bugs.py`` checks that a targeted draw still finds every entry, and
+fails naming the entry when it no longer does.
+
+``KNOWN_BUGS``: wrong values or crashes (any outcome but a pass). ``KNOWN_GAPS``: refusals
+of code that has one clear per-sample meaning (a refusal where a sample alone also fails is a
+correct outcome and needs no entry); only a refusal is excused by a gap entry.
+"""
+
+from __future__ import annotations
+
+from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
+from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
+from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
+from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_EXTENT_BOUND, WINDOW_INPLACE, WINDOW_SETITEM
+
+# case-level tags: set when a failure goes away, or changes, with that mode off (padless.testing.fuzz.run.judge)
+INFERENCE_MODE = "inference_mode"
+GRAD_INTERMEDIATE = "grad_intermediate"
+
+KNOWN_BUGS: dict[str, str] = {
+    RESHAPE_EXTENTS: "issue 39 #1 (Extent reshape): a reshape/view target built from extents is matched against "
+    "the envelope's ints, so x.reshape(B, C, w, h) or (L, C).reshape(B, C, L) is taken for the identity "
+    "when the envelope extents happen to agree",
+    EXTENT_MINMAX: "issue 39 #2 (max/min of extents): max(h, w) returns one of the two Extents, whose per-sample "
+    "sizes are that dim's, not each sample's max(h_i, w_i)",
+    OPERAND_DATA_WRITE: "issue 39 #3 (stale dense-operand caches): rows read from a dense operand in padded "
+    "coordinates are cached by its version counter, which .data writes do not bump",
+    WINDOW_INPLACE: "issue 39 #4 (lost writes to windows): x[:, a:b] of a ragged dim is a copy, so "
+    "x[:, :1].zero_() changes nothing",
+    WINDOW_SETITEM: "issue 39 #4 (writes to windows): x[:, a:b] = v, x[:, -1] = v and x[:, a:b] += v go "
+    "through the per-sample fallback, which refuses __setitem__ or fails on its views",
+    STACK_WRITE: "issue 39 #5 (lazy stack): torch.stack([a, b]) keeps a and b, so a later in-place write to "
+    "a changes the stack",
+    INFERENCE_MODE: "issue 39 #6 (inference_mode): ragged reductions, windows, padded reads raise "
+    "'Inference tensors do not track version counter' under torch.inference_mode()",
+    GRAD_INTERMEDIATE: "issue 39 #7 (autograd wrt intermediates): the fast elementwise gradient path runs on "
+    "values, so torch.autograd.grad(out, h) of an intermediate NestedTensor h says h was not used, or misses "
+    "the paths that went around h",
+    RESHAPE_PLAIN: "found by this fuzzer (not in issue 39): a reshape target of plain ints (and -1) that happens "
+    "to equal the envelope is taken for the identity: (L_i, 2) samples with envelope (2, 2), "
+    "x.reshape(B, 2, -1), keep their shape instead of each becoming (2, L_i)",
+    PACKED_ROWS: "found by this fuzzer (not in issue 39): x.reshape(-1, C) of a batch whose envelope is "
+    "(B, 1, C) is read as reshape(B, ...) (a NestedTensor) instead of the packed rows",
+    EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
+    "are all empty ((H, 0, D) each) raises index_select(): self indexing axis dim should be positive",
+    SCORES_OPERAND_WRITE: "found by this fuzzer (not in issue 39): softmax(q @ k^T + bias) @ v with a dense bias that "
+    "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
+    "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
+    "bias.add_(1)) fails the backward with autograd's version error; dense eager keeps no bias there",
+    WINDOW_EXTENT_BOUND: "found by this fuzzer (not in issue 39): a window bound computed from an extent, "
+    "x[:, :x.shape[1] - 1], is read as the envelope's int (each sample keeps L - 1 rows, clamped) "
+    "instead of each sample's own L_i - 1",
+}
+
+KNOWN_GAPS: dict[str, str] = {
+    IMAGES_TRANSPOSED: "documented (docs/limits.md, vision): images must be (C, H_i, W_i) with both spatial dims "
+    "ragged, stored in that order; spatial ops refuse a batch transposed to (C, W_i, H_i)",
+    VIEW_REINTERPRET: "documented (docs/tensor.md, shape idioms): view() never copies, so a target that "
+    "reads every sample's memory in a new shape is refused by view and done by reshape",
+    RESHAPE_PLAIN: "documented (docs/tensor.md, shape idioms): a target without sizes read from a shape "
+    "(x.reshape(B, -1) of images) must keep the batch dim and every ragged dim",
+}
+
+
+def known_reason(status: str, tags: frozenset) -> str | None:
+    """The entry that excuses an outcome ``status`` at a step with ``tags``, or None (a gap
+    entry is looked up first for a refusal)."""
+    if status in ("pass", "refused", "lenient"):
+        return None
+    tables = (KNOWN_GAPS, KNOWN_BUGS) if status == "gap" else (KNOWN_BUGS,)
+    for table in tables:
+        for tag in sorted(tags):
+            if tag in table:
+                return f"{tag}: {table[tag]}"
+    return None

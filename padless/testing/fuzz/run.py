@@ -1,0 +1,345 @@
+"""Running a case on both sides and judging the outcome.
+
+The chain runs on the NestedTensor and on every dense sample alone (each run with fresh
+operands, :class:`padless.testing.fuzz.core.Side`), under the case's mode. The outcome is one
+:class:`Verdict`:
+
+* ``pass``: every step's result matches sample by sample (values, structure, dtype), and in
+  grad mode so do the gradients of the inputs, of the dense operands that need one (the sum
+  of the samples' gradients) and of the intermediate ``Case.wrt``;
+* ``refused``: padless refused (``StructureError``/``NotImplementedError``, or the error that
+  sample raises) at the step where some sample alone raises too (that sample has no value to
+  compare with): a correct outcome;
+* ``lenient``: padless gave an empty sample an empty result where torch refuses that empty
+  sample alone (``interpolate`` to a size of 0): counted, not a failure;
+* ``gap``: padless refused (``StructureError``/``NotImplementedError``) a step every sample
+  runs: code with one clear meaning that padless does not take;
+* ``wrong``: a value, structure or gradient differs, or padless answered where a sample
+  alone raises;
+* ``error``: padless raised something other than a refusal where every sample runs.
+
+A verdict names the step it is attributed to (the first step whose result differs; for a
+gradient, the shortest failing prefix of the chain) and that step's tags, plus the
+case-level tags when the failure goes away with the mode off (inference mode, the gradient
+of an intermediate). :func:`padless.testing.fuzz.known.known_reason` says whether a known
+entry excuses it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import warnings
+from typing import Any, Sequence
+
+import torch
+from torch import Tensor
+
+from padless.tensor.construct import from_list
+from padless.tensor.core import NestedTensor
+from padless.tensor.errors import StructureError
+from padless.testing.fuzz.core import TOLERANCES, Case, Side, Step, inputs
+from padless.testing.fuzz.known import GRAD_INTERMEDIATE, INFERENCE_MODE, known_reason
+from padless.testing.reference import assert_close_samples
+
+REFUSALS = (StructureError, NotImplementedError)
+OK = ("pass", "refused", "lenient")
+
+
+class BothRaise(Exception):
+    """Both sides' backward raised (a sample's own backward fails too)."""
+
+
+@dataclasses.dataclass
+class Verdict:
+    """The outcome of one case (module docstring)."""
+
+    status: str
+    step: int | None = None
+    tags: frozenset = frozenset()
+    detail: str = ""
+    known: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A pass, an agreed refusal, or a failure a known entry excuses."""
+        return self.status in OK or self.known is not None
+
+
+# ---------------------------------------------------------------------------- torch's own disagreements
+
+
+_VECTOR_PAD = 128  # elements: a buffer of whole multiples of this runs entirely in torch's vectorised loop
+
+
+def torch_disagrees(step: Step, x: Tensor, y: Tensor) -> bool:
+    """True when the pointwise ``step`` maps some element of the dense sample ``x`` to a value
+    (``y = step.fn(x, 0)``) whose NaN/inf pattern differs from what torch's vectorised loop
+    gives the same element (the sample padded into a long buffer): the result depends on
+    where the element sits, so a per-sample reference cannot judge padless's packed one."""
+    with torch.no_grad():
+        flat = x.detach().reshape(-1)
+        n = flat.numel()
+        if n == 0:
+            return False
+        buf = torch.zeros(-(-n // _VECTOR_PAD) * _VECTOR_PAD, dtype=flat.dtype)
+        buf[:n] = flat
+        v = step.fn(buf, 0)[:n]
+        w = y.detach().reshape(-1)
+        return not (torch.equal(v.isnan(), w.isnan()) and torch.equal(v.isinf(), w.isinf()) and torch.equal(v[v.isinf()], w[w.isinf()]))
+
+
+# ---------------------------------------------------------------------------- one side
+
+
+def mode_context(mode: str) -> contextlib.AbstractContextManager:
+    if mode == "no_grad":
+        return torch.no_grad()
+    if mode == "inference":
+        return torch.inference_mode()
+    return torch.enable_grad()
+
+
+@dataclasses.dataclass
+class Trace:
+    """One side's run: every step's result, and where it raised (if it did)."""
+
+    side: Side
+    outs: list[Any]
+    error_step: int | None = None
+    error: BaseException | None = None
+    disagrees: int | None = None  # first pointwise step torch answers by position (dense only)
+
+
+def run_side(steps: Sequence[Step], x: Tensor, side: Side, mode: str, probe: bool = False) -> Trace:
+    tr = Trace(side, [])
+    with mode_context(mode):
+        for k, s in enumerate(steps):
+            try:
+                y = s.fn(x, side)
+            except Exception as e:  # noqa: BLE001 - every exception is an outcome here
+                tr.error_step, tr.error = k, e
+                return tr
+            if probe and tr.disagrees is None and s.pointwise and torch_disagrees(s, x, y):
+                tr.disagrees = k
+            tr.outs.append(y)
+            x = y
+    return tr
+
+
+def _magnitude(t: Any) -> float:
+    if not isinstance(t, Tensor) or not t.numel() or not (t.is_floating_point() or t.is_complex()):
+        return 0.0
+    v = t.detach().double().abs()
+    v = v[torch.isfinite(v)]
+    return float(v.max()) if v.numel() else 0.0
+
+
+def _close(what: str, got: Any, refs: list[Any], rtol: float, atol: float) -> str | None:
+    """None when ``got`` holds ``refs`` sample by sample, else the difference."""
+    if not isinstance(got, Tensor) or any(not isinstance(r, Tensor) for r in refs):
+        return f"{what}: padless gave {type(got).__name__}, the samples {type(refs[0]).__name__ if refs else '-'}"
+    try:
+        assert_close_samples(got, refs, what=what, rtol=rtol, atol=atol)
+    except AssertionError as e:
+        return str(e)
+    return None
+
+
+# ---------------------------------------------------------------------------- judging
+
+
+def judge(case: Case) -> Verdict:
+    """Run ``case`` on both sides and judge it (module docstring)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # e.g. torch's "degrees of freedom <= 0" on an empty sample
+        v = _judge(case)
+        if v.status in OK:
+            return v
+        tags = set(v.tags)
+        if case.mode == "inference" and not _same_failure(v, _judge(dataclasses.replace(case, mode="no_grad"))):
+            tags.add(INFERENCE_MODE)
+        if case.wrt is not None and not _same_failure(v, _judge(dataclasses.replace(case, wrt=None))):
+            tags.add(GRAD_INTERMEDIATE)
+        v.tags = frozenset(tags)
+        v.known = known_reason(v.status, v.tags)
+        return v
+
+
+def _same_failure(v: Verdict, off: Verdict) -> bool:
+    """Whether the case with a mode switched off fails as ``v`` does (else the mode is to blame)."""
+    return off.status == v.status and off.step == v.step
+
+
+def _verdict(case: Case, status: str, k: int | None, detail: str) -> Verdict:
+    tags = case.steps[k].tags if k is not None and k < len(case.steps) else frozenset()
+    where = f"step {k} ({case.steps[k].name})" if k is not None and k < len(case.steps) else "the case"
+    return Verdict(status, k, tags, f"{where}: {detail}")
+
+
+def _judge(case: Case) -> Verdict:
+    rtol, atol = TOLERANCES[case.dtype]
+    grad = case.mode == "grad"
+    nt, dense = inputs(case.shapes, case.ragged, case.dtype, case.seed, grad=grad)
+    refs = [run_side(case.steps, s, Side(False, i), case.mode, probe=True) for i, s in enumerate(dense)]
+    got = run_side(case.steps, nt, Side(True), case.mode)
+    n = len(case.steps)
+    k_dense = min((r.error_step for r in refs if r.error_step is not None), default=None)
+    k_dis = min((r.disagrees for r in refs if r.disagrees is not None), default=None)
+    k_nt = got.error_step
+    end = min(k for k in (k_nt, k_dense, n) if k is not None)
+    if k_dis is not None and k_dis < end:
+        return _judge_packed(case, nt, got, refs, k_dis, rtol, atol)
+    scale = 1.0
+    for k in range(end):  # every step both sides ran
+        outs = [r.outs[k] for r in refs]
+        scale = max([scale] + [_magnitude(o) for o in outs])
+        diff = _close("output", got.outs[k], outs, rtol, atol * scale)
+        if diff is not None:
+            return _verdict(case, "wrong", k, diff)
+    if k_nt is not None:
+        e = got.error
+        if k_dense is not None and k_dense == k_nt:
+            i = _first_failing(refs)
+            if isinstance(e, REFUSALS) or isinstance(e, type(refs[i].error)):
+                return _verdict(case, "refused", k_nt, f"raised {type(e).__name__} as sample {i} does")
+            return _verdict(case, "error", k_nt, f"raised {type(e).__name__}: {e} (sample {i} alone raises "
+                            f"{type(refs[i].error).__name__}: a refusal should be clear)")
+        if k_dense is not None and k_dense < k_nt:
+            return _answered(case, nt, got, refs, k_dense)
+        status = "gap" if isinstance(e, REFUSALS) else "error"
+        return _verdict(case, status, k_nt, f"raised {type(e).__name__}: {e}")
+    if k_dense is not None:
+        return _answered(case, nt, got, refs, k_dense)
+    if not grad:
+        return Verdict("pass")
+    try:
+        diff = _compare_grads(case, nt, dense, got, refs, rtol, atol * scale)
+    except BothRaise as e:
+        return Verdict("refused", len(case.steps) - 1, case.steps[-1].tags, str(e))
+    except Exception as e:  # noqa: BLE001
+        return _localize(case, "error", f"gradient: raised {type(e).__name__}: {e}")
+    if diff is not None:
+        return _localize(case, "wrong", diff)
+    return Verdict("pass")
+
+
+def _first_failing(refs: list[Trace]) -> int:
+    k = min(r.error_step for r in refs if r.error_step is not None)
+    return next(i for i, r in enumerate(refs) if r.error_step == k)
+
+
+def _answered(case: Case, nt, got: Trace, refs: list[Trace], k: int) -> Verdict:
+    """padless ran step ``k`` where some samples alone raise: lenient when each of them is
+    empty and padless's result for it is empty too, else wrong."""
+    x = got.outs[k - 1] if k else nt
+    y = got.outs[k]
+    failing = [i for i, r in enumerate(refs) if r.error_step == k]
+    empty_in = isinstance(x, NestedTensor) and all(int(x.host_sizes()[i].prod()) == 0 for i in failing)
+    empty_out = isinstance(y, NestedTensor) and all(int(y.host_sizes()[i].prod()) == 0 for i in failing)
+    e = refs[failing[0]].error
+    what = f"sample {failing[0]} alone raises {type(e).__name__}: {str(e)[:300]}"
+    if empty_in and empty_out:
+        return _verdict(case, "lenient", k, f"padless gave an empty result where {what}")
+    return _verdict(case, "wrong", k, f"padless answered where {what}")
+
+
+def _localize(case: Case, status: str, detail: str) -> Verdict:
+    """A gradient failure, attributed to the last step of the shortest failing prefix."""
+    for k in range(len(case.steps) - 1):
+        wrt = case.wrt if case.wrt is not None and case.wrt < k else None
+        sub = dataclasses.replace(case, steps=case.steps[: k + 1], wrt=wrt)
+        if _judge(sub).status not in OK:
+            return _verdict(case, status, k, detail)
+    return _verdict(case, status, len(case.steps) - 1, detail)
+
+
+def _cotangents(case: Case, refs: list[Tensor]) -> list[Tensor]:
+    g = torch.Generator().manual_seed(case.seed + 1)
+    return [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r.dtype) for r in refs]
+
+
+def _grads(out: Tensor, wrt: list[Tensor], cot: Tensor) -> list[Tensor | None]:
+    if not out.requires_grad:
+        return [None] * len(wrt)
+    return list(torch.autograd.grad(out, wrt, cot, allow_unused=True))
+
+
+def _compare_grads(case, nt, dense, got: Trace, refs: list[Trace], rtol: float, atol: float) -> str | None:
+    outs = [r.outs[-1] for r in refs]
+    cot = _cotangents(case, outs)
+    out = got.outs[-1]
+    keys = sorted(k for k, p in got.side.params.items() if p.requires_grad)
+    wrt = [nt] + ([got.outs[case.wrt]] if case.wrt is not None else []) + [got.side.params[k] for k in keys]
+    if isinstance(out, NestedTensor):
+        g_out = from_list(cot, ragged_dims=out.ragged_dims, dtype=out.dtype)
+    else:
+        g_out = torch.stack(cot).to(out.dtype)
+    per_sample = []
+    for i, (r, s) in enumerate(zip(refs, dense)):
+        w = [s] + ([r.outs[case.wrt]] if case.wrt is not None else []) + [r.side.params[k] for k in keys]
+        try:
+            g = _grads(r.outs[-1], w, cot[i])
+        except Exception as e:  # noqa: BLE001 - the sample's own backward fails: padless must too
+            try:
+                _grads(out, wrt, g_out)
+            except Exception:  # noqa: BLE001
+                raise BothRaise(f"the backward raises, as sample {i}'s does ({type(e).__name__})") from None
+            return f"gradient: padless's backward ran where sample {i}'s raises {type(e).__name__}: {str(e)[:200]}"
+        per_sample.append([gi if gi is not None else torch.zeros_like(wi) for gi, wi in zip(g, w)])
+    g_nt = _grads(out, wrt, g_out)
+    scale = max([1.0] + [_magnitude(g) for gs in per_sample for g in gs])
+    names = ["input"] + (["intermediate"] if case.wrt is not None else []) + [f"operand {k}" for k in keys]
+    for j, name in enumerate(names):
+        want = [gs[j] for gs in per_sample]
+        have = g_nt[j]
+        if j >= len(names) - len(keys):  # a dense operand: the samples' gradients add up
+            total = torch.stack(want).sum(0)
+            have = torch.zeros_like(total) if have is None else have
+            try:
+                torch.testing.assert_close(have, total, rtol=rtol, atol=atol * scale, equal_nan=True)
+            except AssertionError as e:
+                return f"gradient of the {name}: {e}"
+            continue
+        if have is None:
+            if any(bool(w.abs().sum() > 0) for w in want):
+                return f"gradient of the {name}: padless gives none, the samples do"
+            continue
+        diff = _close(f"gradient of the {name}", have, want, rtol, atol * scale)
+        if diff is not None:
+            return diff
+    return None
+
+
+def _judge_packed(case: Case, nt, got: Trace, refs: list[Trace], k: int, rtol: float, atol: float) -> Verdict:
+    """Forward only, for a chain whose step ``k`` is pointwise and position-dependent in torch:
+    steps before it against the per-sample reference, step ``k`` against torch's dense op on
+    the same packed values padless ran it on (the rest of the chain has no per-sample reference)."""
+    scale = 1.0
+    for j in range(k):
+        outs = [r.outs[j] for r in refs]
+        scale = max([scale] + [_magnitude(o) for o in outs])
+        diff = _close("output", got.outs[j], outs, rtol, atol * scale)
+        if diff is not None:
+            return _verdict(case, "wrong", j, diff)
+    step = case.steps[k]
+    with torch.no_grad():
+        x = got.outs[k - 1] if k else nt.detach()
+        y = step.fn(x, Side(True))
+        packed = isinstance(x, NestedTensor) and isinstance(y, NestedTensor)
+        have, want = (y.values(), step.fn(x.values(), Side(False, 0))) if packed else (y, step.fn(x, Side(False, 0)))
+        try:
+            torch.testing.assert_close(have, want, rtol=rtol, atol=atol * scale, equal_nan=True)
+        except AssertionError as e:
+            detail = f"step {k} ({step.name}) differs from torch's dense op on the same packed values\n{e}"
+            return Verdict("wrong", k, step.tags, detail)
+    return Verdict("pass")
+
+
+def run_case(case: Case) -> Verdict:
+    """Judge ``case``; raise ``AssertionError`` naming the case unless it passed, padless
+    refused where a sample alone refuses too, or was lenient. Returns the verdict."""
+    v = judge(case)
+    if v.status not in OK:
+        raise AssertionError(f"{case!r}\n{v.status}: {v.detail}")
+    return v
