@@ -72,12 +72,9 @@ NJT_CRASHES: list[Rule] = [
 #: Bugs being fixed on other branches: these samples fail today and should pass after the fix.
 KNOWN: list[Rule] = []
 
-#: The gradients with respect to padless tensors converted from the NJTs with their history
-#: (intermediates of the graph) fail today for this reason; None once the fix is merged.
-KNOWN_INTERMEDIATE: str | None = (
-    "issue 39 #7 (autograd wrt intermediates, branch t-writes): the fast elementwise gradient path runs on "
-    "values, so torch.autograd.grad(out, nt) of a NestedTensor that is not a leaf says it was not used"
-)
+#: A reason the gradients with respect to padless tensors converted from the NJTs with their
+#: history (intermediates of the graph) may fail; None: they must pass (issue 39 #7 is fixed).
+KNOWN_INTERMEDIATE: str | None = None
 
 
 @dataclasses.dataclass

@@ -71,7 +71,7 @@ class StackedBatch:
         """The members, after checking that none was written in place since the stack was made."""
         for k, (m, v) in enumerate(zip(self.members, self._versions)):
             if v is not None and _version(m) != v:
-                raise RuntimeError(
+                raise StructureError(
                     f"stack(): member {k} of the stack was written in place after torch.stack (a NestedTensor stack "
                     "holds its members rather than a copy, so it would read the new values where the dense stack "
                     "keeps the old ones); stack after the write, or stack copies: torch.stack([t.clone() for t in ts])"

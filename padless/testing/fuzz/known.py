@@ -23,24 +23,6 @@ INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    RESHAPE_EXTENTS: "issue 39 #1 (Extent reshape): a reshape/view target built from extents is matched against "
-    "the envelope's ints, so x.reshape(B, C, w, h) or (L, C).reshape(B, C, L) is taken for the identity "
-    "when the envelope extents happen to agree",
-    EXTENT_MINMAX: "issue 39 #2 (max/min of extents): max(h, w) returns one of the two Extents, whose per-sample "
-    "sizes are that dim's, not each sample's max(h_i, w_i)",
-    OPERAND_DATA_WRITE: "issue 39 #3 (stale dense-operand caches): rows read from a dense operand in padded "
-    "coordinates are cached by its version counter, which .data writes do not bump",
-    WINDOW_INPLACE: "issue 39 #4 (lost writes to windows): x[:, a:b] of a ragged dim is a copy, so "
-    "x[:, :1].zero_() changes nothing",
-    WINDOW_SETITEM: "issue 39 #4 (writes to windows): x[:, a:b] = v, x[:, -1] = v and x[:, a:b] += v go "
-    "through the per-sample fallback, which refuses __setitem__ or fails on its views",
-    STACK_WRITE: "issue 39 #5 (lazy stack): torch.stack([a, b]) keeps a and b, so a later in-place write to "
-    "a changes the stack",
-    INFERENCE_MODE: "issue 39 #6 (inference_mode): ragged reductions, windows, padded reads raise "
-    "'Inference tensors do not track version counter' under torch.inference_mode()",
-    GRAD_INTERMEDIATE: "issue 39 #7 (autograd wrt intermediates): the fast elementwise gradient path runs on "
-    "values, so torch.autograd.grad(out, h) of an intermediate NestedTensor h says h was not used, or misses "
-    "the paths that went around h",
     RESHAPE_PLAIN: "found by this fuzzer (not in issue 39): a reshape target of plain ints (and -1) that happens "
     "to equal the envelope is taken for the identity: (L_i, 2) samples with envelope (2, 2), "
     "x.reshape(B, 2, -1), keep their shape instead of each becoming (2, L_i)",
@@ -58,6 +40,9 @@ KNOWN_BUGS: dict[str, str] = {
 }
 
 KNOWN_GAPS: dict[str, str] = {
+    STACK_WRITE: "documented (docs/tokens.md, stacking): torch.stack of NestedTensors keeps copy semantics "
+    "without copying: a StackedBatch whose member was written in place after stacking refuses every use, "
+    "naming the fix (stack after the write, or stack clones)",
     IMAGES_TRANSPOSED: "documented (docs/limits.md, vision): images must be (C, H_i, W_i) with both spatial dims "
     "ragged, stored in that order; spatial ops refuse a batch transposed to (C, W_i, H_i)",
     VIEW_REINTERPRET: "documented (docs/tensor.md, shape idioms): view() never copies, so a target that "
