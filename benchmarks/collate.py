@@ -3,7 +3,7 @@
     python benchmarks/collate.py [--batches 8] [--rounds 5] [--workers 0,2] [--threads 1]
                                  [--kinds tokens,images,images_chw,pairs]
 
-Batch kinds (``padless.collate.synthetic``):
+Batch kinds (``padless.collation.synthetic``):
 
 * tokens: B=64 sequences, lengths lognormal(5, 1) clipped to [1, 2048] (int64 ids);
 * images: B=32 uint8 images (3, H, W), H and W uniform in [64, 512], as the readers return
@@ -45,7 +45,7 @@ from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, default_collate
 
 import padless
-from padless.collate.synthetic import ImageDataset, PairDataset, TokenDataset
+from padless.collation.synthetic import ImageDataset, PairDataset, TokenDataset
 from padless.testing import bench
 
 BATCH = {"tokens": 64, "images": 32, "images_chw": 32, "pairs": 8}

@@ -9,7 +9,7 @@ buffer (channel-last strides), so the collator's copy is a plain memory copy.
 Rows (one batch of ``--batch`` images, sides uniform in [64, 512], as in
 ``benchmarks/collate.py``; PNG and JPEG):
 
-* ``decode+collate``: bytes -> ``decode_image`` -> ``padless.collate.collate`` (what a worker does);
+* ``decode+collate``: bytes -> ``decode_image`` -> ``padless.collation.collate`` (what a worker does);
 * ``collate only``: the same decoded images, the collate call alone;
 * ``big JPEG, max_side=512``: one 3072 x 2304 JPEG decoded at reduced scale
   (Pillow ``draft``, now) against a full decode then resize (before).
@@ -28,7 +28,7 @@ import os
 import numpy as np
 import torch
 
-from padless.collate import collate
+from padless.collation import collate
 from padless.loaders import decode_image
 from padless.loaders.synthetic import image_bytes, random_sizes
 from padless.testing import bench

@@ -34,3 +34,12 @@ def test_public_docstring_examples_run(name):
     for test in finder.find(obj, f"padless.{name}", globs=globs):
         runner.run(test)
     assert runner.failures == 0
+
+
+def test_collate_is_the_function_and_collation_the_package():
+    import importlib
+
+    assert callable(padless.collate) and padless.collate.__module__ == "padless.collation.collate"
+    assert importlib.import_module("padless.collation").Collator is padless.Collator
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("padless.collate")  # no package hides behind the function

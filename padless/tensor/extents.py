@@ -234,12 +234,40 @@ def extent_max(*sizes: Any) -> Any:
     ``max(h, w)`` returns one operand, so every sample gets that operand's size even where
     its other size is larger; ``padless.extent_max(h, w)`` is ``max(H, W)`` for the padded
     code and ``max(h_i, w_i)`` for sample ``i``. With no extent among ``sizes`` it is ``max``.
+
+    Args:
+        sizes: ints, and sizes read from one batch's shape (``h, w = x.shape[-2:]``).
+
+    Returns:
+        An extent (an int equal to the padded max, that also knows every sample's own max), or
+        a plain int when no size is an extent. Sizes of two batches are refused.
+
+    >>> import torch, padless
+    >>> x = padless.from_list([torch.zeros(1, 4, 2), torch.zeros(1, 3, 6)])
+    >>> h, w = x.shape[-2:]
+    >>> s = padless.extent_max(h, w)
+    >>> int(s), s.per_sample()
+    (6, [4, 6])
     """
     return _extreme(max, "extent_max", sizes)
 
 
 def extent_min(*sizes: Any) -> Any:
-    """Each sample's own min of sizes read from one batch's shape (see :func:`extent_max`)."""
+    """Each sample's own min of sizes read from one batch's shape (see :func:`extent_max`).
+
+    Args:
+        sizes: ints, and sizes read from one batch's shape.
+
+    Returns:
+        An extent equal to the padded min that knows every sample's own min (a plain int when
+        no size is an extent).
+
+    >>> import torch, padless
+    >>> x = padless.from_list([torch.zeros(1, 4, 2), torch.zeros(1, 3, 6)])
+    >>> h, w = x.shape[-2:]
+    >>> padless.extent_min(h, w).per_sample()
+    [2, 3]
+    """
     return _extreme(min, "extent_min", sizes)
 
 

@@ -56,7 +56,12 @@ def same_batch(*nts: Any) -> tuple:
     it right after building them: sizes read before keep the batch they were read from.
     Returns ``nts``.
 
+    >>> import torch, padless
+    >>> images = [torch.zeros(3, 4, 6), torch.zeros(3, 2, 2)]
+    >>> masks = [torch.zeros(1, 4, 6), torch.zeros(1, 2, 2)]
     >>> x, m = padless.same_batch(padless.from_list(images), padless.from_list(masks))
+    >>> torch.nn.functional.interpolate(x, size=m.shape[-2:]).shape
+    torch.Size([2, 3, 4, 6])
     """
     if len(nts) == 1 and isinstance(nts[0], (list, tuple)):
         nts = tuple(nts[0])

@@ -19,7 +19,7 @@ NestedTensor exists:
 
 The arithmetic is written inline rather than through :mod:`padless.tensor.layout`:
 a collated batch arriving from a DataLoader worker is checked, not recomputed
-(``tests/collate/test_opcache.py`` counts calls into ``layout``).
+(``tests/collation/test_opcache.py`` counts calls into ``layout``).
 
 :func:`norm_ragged_dims` checks the other untrusted input, the ``ragged_dims`` a caller
 names (shared by the constructors and the compiled ``from_padded``).

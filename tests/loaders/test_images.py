@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import padless
-from padless.collate import Collator, Field, collate
+from padless.collation import Collator, Field, collate
 from padless.loaders import DEFAULT_MAX_PIXELS, ImageFolder, ImageTooLargeError, WebDatasetReader, decode_image
 from padless.loaders.synthetic import image_bytes, random_sizes, write_shards
 

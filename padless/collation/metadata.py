@@ -80,7 +80,7 @@ class SpatialMaps:
 
     ``place``/``gather``/``take`` are the plan's index tensors (they move with the batch);
     ``host`` holds the plan's other fields (host sizes and offsets of the output, block
-    shapes, rectangles): a dict, so they stay on the CPU. ``padless.collate.opcache``
+    shapes, rectangles): a dict, so they stay on the CPU. ``padless.collation.opcache``
     turns it back into the op layer's plan.
     """
 

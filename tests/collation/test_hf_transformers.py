@@ -3,8 +3,8 @@
 Tiny randomly initialised models on the CPU: a packed batch from
 :class:`padless.FlatteningCollator` gives the tensors of transformers'
 ``DataCollatorWithFlattening``, and ``model(**batch)`` gives every sample the output it
-gets when run alone (the claim in :func:`padless.collate.interop.hf_kwargs`'s docstring).
-Run with the separate environment: ``/work/venvs/hf/bin/python -m pytest tests/collate/test_hf_transformers.py``.
+gets when run alone (the claim in :func:`padless.collation.interop.hf_kwargs`'s docstring).
+Run with the separate environment: ``/work/venvs/hf/bin/python -m pytest tests/collation/test_hf_transformers.py``.
 """
 
 from __future__ import annotations

@@ -194,7 +194,7 @@ def test_schema_errors():
 
 def test_worker_metadata_equals_the_layout_module():
     """The collator's own (numpy-backed) index maths gives layout's values."""
-    from padless.collate import metadata as md
+    from padless.collation import metadata as md
     from padless.tensor import layout
 
     sizes = torch.tensor([[2, 3, 4], [0, 2, 4], [3, 1, 4], [1, 0, 4]])

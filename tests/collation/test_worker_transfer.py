@@ -9,8 +9,8 @@ from torch.utils.data import DataLoader
 
 import padless
 from padless import Batch, Collator, Field, NestedTensor
-from padless.collate import transfer
-from padless.collate.synthetic import PairDataset, TokenDataset
+from padless.collation import transfer
+from padless.collation.synthetic import PairDataset, TokenDataset
 from padless.testing import assert_close_samples
 
 

@@ -9,7 +9,7 @@ a list of samples (``len(batch.keys())`` counts fields).
 
 It also hands its metadata to attention kernels and model APIs:
 ``flash_attn_kwargs(field)``, ``hf_kwargs(field)``, ``padded(field)`` and
-``pair_maps(field)`` (see :mod:`padless.collate.interop`).
+``pair_maps(field)`` (see :mod:`padless.collation.interop`).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_leaves, tree_map
 
-from padless.collate import interop, transfer
-from padless.collate.metadata import FieldMeta, PairMaps
-from padless.collate.opcache import field_meta, install, install_pair
+from padless.collation import interop, transfer
+from padless.collation.metadata import FieldMeta, PairMaps
+from padless.collation.opcache import field_meta, install, install_pair
 from padless.tensor import lineage
 from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
 from padless.tensor.errors import StructureError
@@ -221,7 +221,7 @@ class Batch:
     def hf_kwargs(
         self, field: str, *, causal: bool = True, block_mask: bool = False, mask_dtype: torch.dtype = torch.float32
     ) -> dict[str, Any]:
-        """Hugging Face's padding-free keyword arguments (see :func:`padless.collate.interop.hf_kwargs`)."""
+        """Hugging Face's padding-free keyword arguments (see :func:`padless.collation.interop.hf_kwargs`)."""
         return interop.hf_kwargs(self, field, causal=causal, block_mask=block_mask, mask_dtype=mask_dtype)
 
     def padded(self, field: str, value: float = 0.0) -> tuple[Tensor, Tensor]:

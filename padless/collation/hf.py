@@ -13,13 +13,13 @@ their own ``labels``), the padding-free keyword arguments of transformers out, s
               use_cache     False                       (causal models; see below)
 
 The same tensors as ``transformers.DataCollatorWithFlattening(return_flash_attn_kwargs=True)``
-(``tests/collate/test_hf_transformers.py`` compares them), plus what padless adds: samples
+(``tests/collation/test_hf_transformers.py`` compares them), plus what padless adds: samples
 that carry their own ``labels`` keep them (prompt tokens masked with -100 stay masked; the
 separator goes on top), empty samples are dropped as transformers does (they would be
 zero-length segments of ``cu_seq_lens``), ``use_cache=False`` for causal models (transformers
 only splits a packed row into its samples when no cache exists), and optionally a
 block-diagonal ``attention_mask`` for encoders whose eager/sdpa attention would otherwise mix
-the samples (``block_mask=True``; see :func:`padless.collate.interop.hf_kwargs`).
+the samples (``block_mask=True``; see :func:`padless.collation.interop.hf_kwargs`).
 
 Which attention implementation to load the model with: eager, sdpa and flex attention turn
 the packed row into a block-diagonal ``T x T`` mask (every cross-sample score computed, then
@@ -38,8 +38,8 @@ from typing import Any, Sequence
 
 import torch
 
-from padless.collate.collator import Collator, Field
-from padless.collate.samples import NUMBER, TENSOR, kind
+from padless.collation.collator import Collator, Field
+from padless.collation.samples import NUMBER, TENSOR, kind
 
 _FLASH_KEYS = ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
 

@@ -2,9 +2,9 @@
 
 A batch is a tree of fields whose leaves are tensors; a NestedTensor leaf expands
 to its inner tensors (device-bound), its host metadata (host-only) and its
-:class:`~padless.collate.metadata.FieldMeta`. To move a batch, the device-bound
+:class:`~padless.collation.metadata.FieldMeta`. To move a batch, the device-bound
 leaves of each dtype are found in one contiguous region of one buffer (collated
-batches are laid out that way, see :mod:`padless.collate.arena`) or packed into a
+batches are laid out that way, see :mod:`padless.collation.arena`) or packed into a
 fresh staging buffer, copied in one call, and viewed on the device::
 
     host   float32 [ a | b ]   int64 [ off | sizes | rows ‖ host sizes ... ]
@@ -20,8 +20,8 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import keystr, tree_flatten, tree_flatten_with_path, tree_unflatten
 
-from padless.collate.metadata import FieldMeta, iter_tensors, map_tensors
-from padless.collate.opcache import field_meta, install
+from padless.collation.metadata import FieldMeta, iter_tensors, map_tensors
+from padless.collation.opcache import field_meta, install
 from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
 
 Leaf = tuple[Tensor, bool]  # (tensor, host_only)

@@ -9,7 +9,7 @@ import torch
 
 import padless
 from padless import NestedTensor
-from padless.collate.pack import rows_of
+from padless.collation.pack import rows_of
 from padless.testing import assert_close_samples
 
 
@@ -132,7 +132,7 @@ def test_mixed_layouts_in_one_batch():
 
 def test_cu_seqlens_past_int32_rows_is_refused_naming_the_field():
     """A worker-built cu_seqlens must never wrap (checked on the offsets: no 2**31-row batch is built)."""
-    from padless.collate.metadata import INT32_MAX, int32_offsets
+    from padless.collation.metadata import INT32_MAX, int32_offsets
 
     assert int32_offsets(np.array([0, 3, INT32_MAX]), "ids").tolist() == [0, 3, INT32_MAX]
     with pytest.raises(padless.StructureError, match=r"field 'ids' has 2147483651 rows in this batch, more than int32"):

@@ -141,7 +141,7 @@ def test_spatial_plan_needs_channels_first_images():
 def test_rebuilt_batch_finds_the_plan(plan_builds, monkeypatch):
     """What a device move does (new tensors, new structure, caches refilled from the metadata),
     with copies on the CPU: the copied plan is found and gives the same result."""
-    from padless.collate import transfer
+    from padless.collation import transfer
 
     samples = _samples(seed=2)
     b = Collator({"img": Field(ragged=(1, 2), spatial_plan=STEM)})(samples)

@@ -14,7 +14,7 @@ import padless
 from padless import StructureError
 
 
-def _batch(n: int = 4) -> padless.collate.Batch:
+def _batch(n: int = 4) -> padless.collation.Batch:
     c = padless.Collator({"ids": padless.Field(ragged=0, position_ids="pos")})
     return c([{"ids": torch.arange(i + 1)} for i in range(n)])
 

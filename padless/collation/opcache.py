@@ -5,7 +5,7 @@ The op layer caches derived metadata per structure in ``nt._meta.derived``
 plans). A collated batch fills those caches from :class:`FieldMeta` when it is
 built, unpickled, pinned or moved: wrapping tensors the worker computed, never
 computing structure in the main process. This module is the one place that knows
-the op layer's cache keys; ``tests/collate/test_opcache.py`` fails if they drift.
+the op layer's cache keys; ``tests/collation/test_opcache.py`` fails if they drift.
 
 Pair fields: ``x.unsqueeze(2) + x.unsqueeze(1)`` (and the reversed order, and
 ``x.unsqueeze(2) + y.unsqueeze(1)`` for a rectangular pair against field ``y``)
@@ -22,8 +22,8 @@ from typing import Any, Sequence
 
 import torch
 
-from padless.collate.metadata import FieldMeta, PairMaps, SpatialMaps
-from padless.collate.network import NetworkPlans, install_network
+from padless.collation.metadata import FieldMeta, PairMaps, SpatialMaps
+from padless.collation.network import NetworkPlans, install_network
 from padless.ops.common.broadcast import Plan
 from padless.ops.common.carried import carry_pair_maps
 from padless.ops.common.segment import Groups

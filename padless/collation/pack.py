@@ -3,7 +3,7 @@
 Collation runs in two passes. Planning reads every sample's shape and dtype,
 validates them (errors name the field, the sample and the shapes), computes the
 host metadata and reserves arena space; building allocates one buffer per dtype
-(:mod:`padless.collate.arena`) and writes each field into its views with one copy
+(:mod:`padless.collation.arena`) and writes each field into its views with one copy
 of the sample data.
 """
 
@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from padless.collate import metadata as md
-from padless.collate.arena import Arena, Slot
-from padless.collate.opcache import install
-from padless.collate.samples import field_label, fmt_shape, lists_to_tensors, to_tensor
+from padless.collation import metadata as md
+from padless.collation.arena import Arena, Slot
+from padless.collation.opcache import install
+from padless.collation.samples import field_label, fmt_shape, lists_to_tensors, to_tensor
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta
 
@@ -38,7 +38,7 @@ class FieldPlan:
 
 @dataclasses.dataclass(frozen=True)
 class PackOptions:
-    """What a ragged field precomputes (see :class:`padless.collate.Field`)."""
+    """What a ragged field precomputes (see :class:`padless.collation.Field`)."""
 
     row_maps: bool = False
     padded_index: bool = False

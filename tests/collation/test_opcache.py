@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 
 import padless
 from padless import Collator, Field
-from padless.collate import collated_plan
+from padless.collation import collated_plan
 from padless.ops.common import broadcast
 from padless.tensor import layout
 from padless.testing import assert_close_samples

@@ -1,4 +1,4 @@
-"""``padless.Collator``: a collate_fn with a schema, returning a :class:`~padless.collate.Batch`.
+"""``padless.Collator``: a collate_fn with a schema, returning a :class:`~padless.collation.Batch`.
 
 Inference (``padless.collate``) packs whatever varies. A schema says more: which
 dims are ragged (a declared field stays a NestedTensor even when every sample of
@@ -34,11 +34,11 @@ from typing import Any, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from padless.collate import metadata as md
-from padless.collate.arena import Arena, in_worker
-from padless.collate.batch import Batch
-from padless.collate.collate import plan_samples
-from padless.collate.pack import (
+from padless.collation import metadata as md
+from padless.collation.arena import Arena, in_worker
+from padless.collation.batch import Batch
+from padless.collation.collate import plan_samples
+from padless.collation.pack import (
     FieldPlan,
     PackOptions,
     Placer,
@@ -51,9 +51,9 @@ from padless.collate.pack import (
     differing_dims,
     shape_table,
 )
-from padless.collate.opcache import install
-from padless.collate import samples as sk
-from padless.collate.samples import fmt_shape
+from padless.collation.opcache import install
+from padless.collation import samples as sk
+from padless.collation.samples import fmt_shape
 from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
 
 
@@ -154,7 +154,7 @@ class Collator:
         ([0, 1, 0, 1, 2], [-100, 6, -100, 8, 9])
 
         In a DataLoader: ``DataLoader(ds, batch_size=8, collate_fn=collator, num_workers=2,
-        pin_memory=True)``. The module docstring of ``padless.collate.collator`` draws the
+        pin_memory=True)``. The module docstring of ``padless.collation.collator`` draws the
         layout of every output.
     """
 
@@ -365,12 +365,12 @@ def spatial_geometries(name: str, spec: Any) -> Any:
 
 def _plan_spatial(name: str, plan: FieldPlan, geometries: tuple[Any, ...]) -> None:
     """Build the field's first-layer spatial plans here (in the worker) and add them to its metadata."""
-    from padless.collate.opcache import spatial_maps
+    from padless.collation.opcache import spatial_maps
     from padless.ops.vision.spatial import build_spatial_plan
 
     rank = plan.host_sizes.shape[1] if isinstance(plan, RaggedPlan) else -1
     if not isinstance(geometries, tuple):  # a network plan recipe: every layer's plans, replayed here
-        from padless.collate.network import check_recipe, network_plans
+        from padless.collation.network import check_recipe, network_plans
 
         ragged = plan.ragged if isinstance(plan, RaggedPlan) else "none (stacked)"
         check_recipe(name, geometries, ragged, rank, plan.static[0] if isinstance(plan, RaggedPlan) and plan.static else None)

@@ -5,7 +5,7 @@ plans it builds on which structure (:mod:`padless.ops.vision.recipe`). The Colla
 recipe on every batch's image sizes here, in its worker, and the batch carries the result as a
 :class:`NetworkPlans` in its field metadata: every index tensor goes into the batch's arena
 (shared memory in a worker), the host sizes of every intermediate structure too, and the main
-process puts the plans where the layers find them (``padless.collate.opcache.install_spatial``):
+process puts the plans where the layers find them (``padless.collation.opcache.install_spatial``):
 the first step of a new batch builds no plan.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from padless.collate.metadata import HOST
+from padless.collation.metadata import HOST
 from padless.tensor.core import NestedTensor
 
 __all__ = ["NetworkPlans", "check_recipe", "install_network", "network_plans"]

@@ -29,14 +29,14 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from padless.collate.opcache import field_meta
+from padless.collation.opcache import field_meta
 from padless.tensor.convert import _padded_index
 from padless.tensor.core import NestedTensor
 
 
 class BatchLike(Protocol):
     """What these functions read from a batch: its fields by name. A
-    :class:`padless.collate.batch.Batch` is one; ``Batch`` imports this module (its
+    :class:`padless.collation.batch.Batch` is one; ``Batch`` imports this module (its
     ``flash_attn_kwargs``/``hf_kwargs``/``padded`` methods call these), never the reverse."""
 
     def __getitem__(self, field: str) -> Any: ...
@@ -88,7 +88,7 @@ def hf_kwargs(
     default): transformers only splits a packed row into its samples when no cache exists.
 
     Which models keep the samples apart (checked against each sample run alone in
-    ``tests/collate/test_hf_transformers.py``, transformers 5.x):
+    ``tests/collation/test_hf_transformers.py``, transformers 5.x):
 
     * decoders (Llama and models built like it) with ``eager``, ``sdpa`` or
       ``flex_attention``: yes, from ``position_ids`` when ``use_cache=False``;

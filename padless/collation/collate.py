@@ -35,9 +35,9 @@ from typing import Any, Sequence
 
 import torch
 
-from padless.collate import samples as sk
-from padless.collate.arena import Arena, in_worker
-from padless.collate.pack import (
+from padless.collation import samples as sk
+from padless.collation.arena import Arena, in_worker
+from padless.collation.pack import (
     ContainerPlan,
     FieldPlan,
     ObjectPlan,
@@ -51,7 +51,7 @@ from padless.collate.pack import (
     differing_dims,
     shape_table,
 )
-from padless.collate.samples import field_label
+from padless.collation.samples import field_label
 
 
 def collate(samples: Sequence[Any]) -> Any:

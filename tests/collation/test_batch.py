@@ -10,7 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import padless
 from padless import Batch, Collator, Field
-from padless.collate import transfer
+from padless.collation import transfer
 from padless.testing import assert_close_samples
 
 aten = torch.ops.aten
