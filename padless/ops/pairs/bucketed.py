@@ -232,7 +232,7 @@ def _cost(ins: Sequence[str], out: str, letters: list[str], static: dict[str, in
     return cost
 
 
-def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups) -> float:
+def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups, device) -> float:
     """:data:`ELEMENT_MAP_COST` for every padded element of the operands and the result that
     are read through element maps and whose samples are large enough for per-sample views."""
     pos = {c: i for i, c in enumerate(letters)}
@@ -244,7 +244,7 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
             continue
         per_row = [pos[s[d]] for d in ragged]
         total = sum(math.prod(r[i] for i in per_row) for r in rows)
-        if not sample_views.pays(b, total, operands[0]._values.device):
+        if not sample_views.pays(b, total, device):
             continue
         price += ELEMENT_MAP_COST * width * sum(
             len(ids) * math.prod(max(rows[i][j] for i in ids) for j in per_row) for ids in groups)
@@ -252,12 +252,16 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
 
 
 def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], forced: Sequence | None = None,
-           unread: int | None = None) -> _Plan | None:
+           unread: int | None = None, priced_for: torch.device | None = None,
+           pending_operands: Sequence[bool] | None = None) -> _Plan | None:
     """The plan of one contraction; ``forced``: the buckets' samples (another plan's, so two
     contractions share their padded layout), else chosen here (None when the per-sample
     loop is cheaper). ``unread``: an operand whose buffer is never gathered through this plan
     (the weights of a fused attention, computed in the node): its maps are not built
-    (``pads[unread]`` is None)."""
+    (``pads[unread]`` is None). The maps are built on the operands' device; the prices are
+    those of ``priced_for`` (default that device) and of operands that are pending or not as
+    ``pending_operands`` says (default: as they are): a Collator's worker builds on the host
+    the plans a batch meets on its device (:mod:`padless.ops.pairs.recipe`)."""
     ext = _letter_extents(ins, operands)
     if ext is None:
         return None
@@ -273,19 +277,22 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     bucket_call = SCORES_CALL_COST if out and out[-1] in ragged_ext and not summed & set(ragged_ext) else CALL_COST
     scores = bucket_call == SCORES_CALL_COST
     rows = table.tolist()
-    call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
+    priced_for = operands[0]._values.device if priced_for is None else priced_for
+    call = SAMPLE_CALL_COST if priced_for.type == "cpu" else SAMPLE_CALL_COST_DEVICE
     if scores:  # per sample, scores run the same chain of calls a bucket does
         call = max(call, SCORES_CALL_COST)
     per_sample = sum(cost(r) for r in rows) + b * call
     # pending weights (softmax(scores) @ v), or scores (they defer, and end in the fused node)
-    factor = PENDING_FACTOR if scores or any(isinstance(o._values, pending.Pending) for o in operands) else BUCKET_FACTOR
+    if pending_operands is None:
+        pending_operands = [isinstance(o._values, pending.Pending) for o in operands]
+    factor = PENDING_FACTOR if scores or any(pending_operands) else BUCKET_FACTOR
     if forced is None and factor * (per_sample - b * call + CALL_COST) > per_sample:
         return None  # even one bucket without padding costs more: no need to choose buckets
     groups = size_buckets(table, cost=cost, overhead=bucket_call) if forced is None else [list(ids) for ids in forced]
     padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
                  for ids in groups)
     if forced is None:  # large samples read through element maps (see ELEMENT_MAP_COST)
-        padded += _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups)
+        padded += _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups, priced_for)
     if forced is None and factor * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
@@ -420,10 +427,16 @@ def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], gro
     fused attention), shared by content as :func:`_plan`'s are; ``unread``: see :func:`_build`."""
     ckey = _content_key(ins, out, operands)
     ckey = None if ckey is None else (*ckey, "on", tuple(tuple(ids) for ids in groups), unread)
-    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups, unread))
+    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups, unread), (groups, unread))
 
 
-def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build) -> _Plan | None:
+BUILT: list = []
+"""Callbacks ``(ins, out, operands, plan, on)`` told of every plan built here (``on``: the
+``(groups, unread)`` of a plan on given buckets, else None): how a recipe learns a step's plans
+(:mod:`padless.ops.pairs.recipe`)."""
+
+
+def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build, on: tuple | None = None) -> _Plan | None:
     """The plan cached under ``ckey`` (the same rows seen through other structure objects: the
     next layer of a stack, a new batch object), copied for these operands; else ``build()``,
     cached."""
@@ -434,20 +447,30 @@ def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build) -> 
     if ckey is not None:
         entry = _shared(plan)
         content.put(ckey, entry, _entry_bytes(ckey, entry[0]))
+        for tell in BUILT:
+            tell(ckey[1], ckey[2], operands, plan, on)
     return plan
 
 
 def _content_key(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> tuple | None:
-    """What a plan depends on besides the structure objects: the operands' rows (host sizes and
-    offsets), the equation, whether an operand is pending, and the prices (tests change them)."""
+    """What a plan depends on besides the structure objects (:func:`plan_key`), for these operands."""
     keys = [content.structure_key(o) for o in operands]
     if any(k is None for k in keys):
         return None
     v = operands[0]._values
-    return ("bucketed", tuple(ins), out, v.device, v.dtype, tuple(keys),
-            tuple(isinstance(o._values, pending.Pending) for o in operands),
-            (CALL_COST, SCORES_CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR,
-             ELEMENT_COST, ELEMENT_MAP_COST, MAX_BUCKETS, sample_views.ROWS_PER_SAMPLE))
+    return plan_key(ins, out, v.device, v.dtype, keys, [isinstance(o._values, pending.Pending) for o in operands])
+
+
+def plan_key(ins: Sequence[str], out: str, device: torch.device, dtype: torch.dtype, keys: Sequence[tuple],
+             pending_operands: Sequence[bool], groups: Sequence | None = None, unread: int | None = None) -> tuple:
+    """The content cache's key of a plan: the operands' rows (``keys``: their
+    :func:`padless.ops.common.content.structure_key`), the equation, the device and dtype, whether
+    an operand is pending, the prices (tests change them), and for a plan on given buckets
+    (:func:`_plan_on`) those buckets and its unread operand."""
+    key = ("bucketed", tuple(ins), out, device, dtype, tuple(keys), tuple(pending_operands),
+           (CALL_COST, SCORES_CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR,
+            ELEMENT_COST, ELEMENT_MAP_COST, MAX_BUCKETS, sample_views.ROWS_PER_SAMPLE))
+    return key if groups is None else (*key, "on", tuple(tuple(ids) for ids in groups), unread)
 
 
 def _own_copy(plan: _Plan | None, operands: Sequence[NestedTensor]) -> _Plan | None:
