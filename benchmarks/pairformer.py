@@ -3,6 +3,7 @@ padded batch with its masks vs padless, interleaved, per piece and for the whole
 
     python benchmarks/pairformer.py [--batch 8] [--lo 16] [--hi 64] [--rounds 10]
                                     [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts] [--fresh [--collator]]
+                                    [--plans]
                                     [--compile [--backend inductor]] [--style boltz|mini|openfold]
 
 The model code is boltz's, unchanged (``zoo/.venv`` has boltz installed:
@@ -19,7 +20,9 @@ the same weights and inputs:
   (``--dense-masks``: the padded batch's dense masks, read in padded coordinates); the loss
   sums squares over the packed values.
 
-``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
+``--plans`` splits one step of each piece on a new batch into building plans (bucket plans and
+index maps for the new structures) and the rest, with the plans built and the step's aten ops
+(with ``--collator`` also on a Collator's batch with the layer's recipe). ``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
 layer (of the piece, when ``--pieces`` names one); ``--counts`` prints the aten ops per
 padless layer step at B=4 and B=16 (a step whose op count grows with B runs per-sample loops). The ratio column is padded time / padless
 time, the median of per-round ratios (above 1: padless is faster). Each batch is reused for
@@ -352,6 +355,67 @@ def fresh(layer: nn.Module, pieces: list[str], args, clock) -> None:
                   f"{statistics.median(collate_s['recipe']) * 1e3:.1f} ms with it")
 
 
+def plan_split(layer: nn.Module, pieces: list[str], args) -> None:
+    """Per piece, one padless step on a new batch (after the warm-up): its CPU time, the part of it
+    spent building plans for the new structures (bucket plans ``bucketed._build``, index maps
+    ``padding_maps`` built outside them: a plan's result maps, broadcast terms' maps), how many it
+    built, and the step's aten ops (all, top-level); from ``from_list`` and, with ``--collator``,
+    from a Collator with the layer's pair plan recipe."""
+    from padless.ops.kernels import layout as kl
+    from padless.ops.pairs import bucketed, spread
+    from padless.tensor import lru
+
+    spent = {"s": 0.0, "build": 0, "maps": 0}
+    depth = [0]
+
+    def timed(fn, what):
+        def run(*a, **k):
+            depth[0] += 1
+            t0 = time.process_time()
+            try:
+                return fn(*a, **k)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent["s"] += time.process_time() - t0
+                spent[what] += 1
+        return run
+
+    saved = (bucketed._build, bucketed.padding_maps, spread.padding_maps)
+    bucketed._build = timed(saved[0], "build")
+    bucketed.padding_maps = spread.padding_maps = timed(kl.padding_maps, "maps")
+    sources = [("from_list", None)]
+    if args.collator:
+        sources.append(("Collator + recipe", collators(layer, args)[1]))
+    print("\n| piece | batch from | step CPU (ms) | building plans (ms) | plans built | maps built | aten ops (top-level) |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    try:
+        for name in pieces:
+            for label, coll in sources:
+                for cache in lru.caches():  # the same lengths for every row, none met before
+                    cache.clear()
+                rng = random.Random(name)
+                runs = []
+                for r in range(3):  # the median of three new batches, each step timed, then another profiled
+                    b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, 300 + r, collator=coll).to(args.device)
+                    spent.update(s=0.0, build=0, maps=0)
+                    t0 = time.process_time()
+                    _step(layer, PIECES[name][1], b)()
+                    took = time.process_time() - t0
+                    built = (spent["s"], spent["build"], spent["maps"])
+                    b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, 400 + r, collator=coll).to(args.device)
+                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+                        _step(layer, PIECES[name][1], b)()
+                    ev = [e for e in prof.events() if e.name.startswith("aten::")]
+                    top = sum(1 for e in ev if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+                    runs.append((took, *built, len(ev), top))
+                took, plans_s, nb, nm, _, _ = sorted(runs)[1]
+                n_ev, n_top = sorted(r[4:] for r in runs)[1]
+                print(f"| {name} | {label} | {took * 1e3:.1f} | {plans_s * 1e3:.1f} | {nb} | {nm} | {n_ev} ({n_top}) |", flush=True)
+    finally:
+        bucketed._build, bucketed.padding_maps, spread.padding_maps = saved
+
+
 # ----------------------------------------------------------------------------- checks
 
 
@@ -490,6 +554,8 @@ def main() -> None:
                          "per-batch index maps are paid in every padless step")
     ap.add_argument("--collator", action="store_true",
                     help="with --fresh: padless inputs from padless.Collator with a pair plan recipe (the plans built at collate)")
+    ap.add_argument("--plans", action="store_true",
+                    help="per piece, one step on a new batch: the CPU time spent building plans, the plans built, aten ops")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--counts", action="store_true")
     ap.add_argument("--no-check", action="store_true")
@@ -534,6 +600,9 @@ def main() -> None:
         return
     if args.rounds:  # the allocator as a training loop leaves it (see warm_allocator)
         warm_allocator(layer, batches)
+    if args.plans:
+        warm_allocator(layer, batches)
+        plan_split(layer, pieces, args)
     if args.rounds and args.fresh:
         fresh(layer, pieces, args, clock)
     elif args.rounds:

@@ -34,7 +34,7 @@ from padless.ops.pairs.bucket_nodes import _Plan
 from padless.ops.pairs.pending import Pending
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta
-from padless.tensor.lru import LRU, MiB
+from padless.tensor.lru import LRU
 
 __all__ = ["Operand", "Step", "PairPlanRecipe", "pair_plan_recipe", "record", "replay", "export", "install"]
 
