@@ -356,64 +356,20 @@ def fresh(layer: nn.Module, pieces: list[str], args, clock) -> None:
 
 
 def plan_split(layer: nn.Module, pieces: list[str], args) -> None:
-    """Per piece, one padless step on a new batch (after the warm-up): its CPU time, the part of it
-    spent building plans for the new structures (bucket plans ``bucketed._build``, index maps
-    ``padding_maps`` built outside them: a plan's result maps, broadcast terms' maps), how many it
-    built, and the step's aten ops (all, top-level); from ``from_list`` and, with ``--collator``,
-    from a Collator with the layer's pair plan recipe."""
-    from padless.ops.kernels import layout as kl
-    from padless.ops.pairs import bucketed, spread
-    from padless.tensor import lru
+    """Per piece, steps on new batches split into building plans and the rest
+    (:func:`plan_builds.split_table`), from ``from_list`` and, with ``--collator``, from a
+    Collator with the layer's pair plan recipe."""
+    from plan_builds import split_table
 
-    spent = {"s": 0.0, "build": 0, "maps": 0}
-    depth = [0]
-
-    def timed(fn, what):
-        def run(*a, **k):
-            depth[0] += 1
-            t0 = time.process_time()
-            try:
-                return fn(*a, **k)
-            finally:
-                depth[0] -= 1
-                if depth[0] == 0:
-                    spent["s"] += time.process_time() - t0
-                spent[what] += 1
-        return run
-
-    saved = (bucketed._build, bucketed.padding_maps, spread.padding_maps)
-    bucketed._build = timed(saved[0], "build")
-    bucketed.padding_maps = spread.padding_maps = timed(kl.padding_maps, "maps")
     sources = [("from_list", None)]
     if args.collator:
         sources.append(("Collator + recipe", collators(layer, args)[1]))
-    print("\n| piece | batch from | step CPU (ms) | building plans (ms) | plans built | maps built | aten ops (top-level) |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    try:
-        for name in pieces:
-            for label, coll in sources:
-                for cache in lru.caches():  # the same lengths for every row, none met before
-                    cache.clear()
-                rng = random.Random(name)
-                runs = []
-                for r in range(3):  # the median of three new batches, each step timed, then another profiled
-                    b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, 300 + r, collator=coll).to(args.device)
-                    spent.update(s=0.0, build=0, maps=0)
-                    t0 = time.process_time()
-                    _step(layer, PIECES[name][1], b)()
-                    took = time.process_time() - t0
-                    built = (spent["s"], spent["build"], spent["maps"])
-                    b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, 400 + r, collator=coll).to(args.device)
-                    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-                        _step(layer, PIECES[name][1], b)()
-                    ev = [e for e in prof.events() if e.name.startswith("aten::")]
-                    top = sum(1 for e in ev if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
-                    runs.append((took, *built, len(ev), top))
-                took, plans_s, nb, nm, _, _ = sorted(runs)[1]
-                n_ev, n_top = sorted(r[4:] for r in runs)[1]
-                print(f"| {name} | {label} | {took * 1e3:.1f} | {plans_s * 1e3:.1f} | {nb} | {nm} | {n_ev} ({n_top}) |", flush=True)
-    finally:
-        bucketed._build, bucketed.padding_maps, spread.padding_maps = saved
+
+    def new_step(name: str, rng: random.Random, seed: int, coll):
+        b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, seed, collator=coll).to(args.device)
+        return _step(layer, PIECES[name][1], b)
+
+    split_table(pieces, sources, new_step)
 
 
 # ----------------------------------------------------------------------------- checks
