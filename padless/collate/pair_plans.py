@@ -7,8 +7,9 @@ replays the recipe on every batch's lengths here, in its worker, and the batch c
 plans in the field's metadata as a :class:`PairPlans`: every index tensor in two buffers that
 move with the batch (int64 and int32) and the plans' host sizes in one host buffer. The main
 process puts them in its content cache (``padless.collate.opcache.install``), where the
-contractions look for them: the first step of a new batch builds no plan. The cache then holds
-views of the batch's metadata buffers (counted whole by its byte bound) until it evicts them.
+contractions look for them: the first step of a new batch builds no plan. The cache holds views of
+a copy of the three buffers (views of the batch's own would keep all its metadata alive), each
+entry counted at the bytes of its views.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def install_pair_plans(nt: NestedTensor, plans: PairPlans) -> None:
     if in_worker():
         return
     dev = nt._values.device
-    entries = [(key, [_deref(r, plans.index, plans.small) for r in d], [_deref(r, plans.host, plans.host) for r in h], f)
+    index, small, host = plans.index.clone(), plans.small.clone(), plans.host.clone()  # see the module docstring
+    entries = [(key, [_deref(r, index, small) for r in d], [_deref(r, host, host) for r in h], f)
                for key, d, h, f in plans.table["entries"]]
     rc.install(plans.table["recipe"], nt._meta.host_sizes[:, 0], entries, dev)

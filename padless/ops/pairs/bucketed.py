@@ -70,7 +70,7 @@ from padless.ops.pairs.bucket_nodes import (  # _Contract, _SoftmaxContract: tes
     _softmax_operand,
     _SoftmaxContract,
 )
-from padless.tensor import layout, lru
+from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import (
     NestedTensor,
@@ -495,18 +495,29 @@ def _shared(plan: _Plan | None) -> tuple:
 
 
 PLAN_PYTHON_BYTES = 4096
-"""What a plan's Python parts hold (equation, per-bucket extents, views and shapes of a few
-buckets), counted as one figure: walking them object by object cost more than the host work of
-a small plan (about 0.2 ms per plan, twice per attention layer of a new batch)."""
+"""What a plan's Python parts and its key's hold besides the operands' host sizes and offsets
+(equation, per-bucket extents, views and shapes of a few buckets), counted as one figure: walking
+them object by object cost more than the host work of a small plan (about 0.2 ms per plan, twice
+per attention layer of a new batch)."""
 
 
 def _entry_bytes(ckey: tuple, plan: _Plan | None) -> int:
-    """Bytes of a content-cache entry: its key, the plan's index maps (the result's too, built
-    or not) and its result's metadata tensors, and :data:`PLAN_PYTHON_BYTES`."""
+    """Bytes of a content-cache entry: the operands' host sizes and offsets in its key, the plan's
+    index maps (the result's too, built or not) and its result's metadata tensors (their
+    elements), and :data:`PLAN_PYTHON_BYTES`."""
+    total = PLAN_PYTHON_BYTES + sum(len(k[1]) + len(k[4]) for k in ckey[5])
     if plan is None:
-        return lru.nbytes(ckey)
-    packs = plan.packs.nbytes if isinstance(plan.packs, LazyMaps) else lru.nbytes(plan.packs)
-    return lru.nbytes(ckey) + lru.nbytes((plan.pads, plan.structure)) + packs + PLAN_PYTHON_BYTES
+        return total
+    tensors = [t for maps in plan.pads if maps is not None for m in maps for t in m if t is not None]
+    if isinstance(plan.packs, LazyMaps):
+        total += plan.packs.nbytes
+    else:
+        tensors += [t for m in plan.packs for t in m if t is not None]
+    offsets, sizes, _, meta = plan.structure
+    host = (meta.host_sizes, meta.host_offsets) if isinstance(meta, StructureMeta) else meta
+    # each tensor's own elements: a carried plan's maps are views of one buffer per batch
+    # (padless.collate.pair_plans), which its few entries share
+    return total + sum(t.numel() * t.element_size() + 128 for t in (*tensors, offsets, sizes, *host))
 
 
 def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> NestedTensor | None:
