@@ -2,7 +2,8 @@
 padded batch with its masks vs padless, interleaved, per piece and for the whole layer.
 
     python benchmarks/pairformer.py [--batch 8] [--lo 16] [--hi 64] [--rounds 10]
-                                    [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts] [--fresh]
+                                    [--pieces all] [--threads 1] [--clock cpu] [--profile] [--counts] [--fresh [--collator]]
+                                    [--plans]
                                     [--compile [--backend inductor]] [--style boltz|mini|openfold]
 
 The model code is boltz's, unchanged (``zoo/.venv`` has boltz installed:
@@ -19,12 +20,19 @@ the same weights and inputs:
   (``--dense-masks``: the padded batch's dense masks, read in padded coordinates); the loss
   sums squares over the packed values.
 
-``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
+``--plans`` splits one step of each piece on a new batch into building plans (bucket plans and
+index maps for the new structures) and the rest, with the plans built and the step's aten ops
+(with ``--collator`` also on a Collator's batch with the layer's recipe). ``--profile`` prints the top aten ops (self CPU time) of one padless step of the whole
 layer (of the piece, when ``--pieces`` names one); ``--counts`` prints the aten ops per
 padless layer step at B=4 and B=16 (a step whose op count grows with B runs per-sample loops). The ratio column is padded time / padless
 time, the median of per-round ratios (above 1: padless is faster). Each batch is reused for
 its rounds (index maps cached after its first step); ``--fresh`` makes a new batch of new
-lengths every round instead, as training does, so every padless step pays its batch's maps.
+lengths every round instead, as training does, so every padless step pays its batch's maps;
+with ``--collator`` the padless inputs come from a ``padless.Collator`` whose token field carries a
+pair plan recipe (``Field(pair_plans=padless.pair_plan_recipe(layer, ...))``, recorded once on a
+small example), so the collate call (a DataLoader worker's work in training, not timed in the
+steps) builds the bucket plans and the step builds none; it prints the collate time with and
+without the recipe.
 Before any piece is timed, one untimed step of the whole layer (padded and padless, every
 batch) leaves the allocator as a training loop would (:func:`warm_allocator`).
 
@@ -190,9 +198,10 @@ def build_layer(args) -> tuple[nn.Module, str]:
 
 
 class Batch:
-    """One batch, padded with masks and packed, built before timing (a collate_fn's work)."""
+    """One batch, padded with masks and packed, built before timing (a collate_fn's work); with
+    ``collator`` the packed side is that ``padless.Collator``'s batch of the same samples."""
 
-    def __init__(self, ns: list[int], cs: int, cz: int, seed: int, dense_masks: bool = False) -> None:
+    def __init__(self, ns: list[int], cs: int, cz: int, seed: int, dense_masks: bool = False, collator=None) -> None:
         g = torch.Generator().manual_seed(seed)
         self.ns = ns
         ss = [torch.randn(n, cs, generator=g) for n in ns]
@@ -207,6 +216,12 @@ class Batch:
         self.pz = padless.from_list(zs, ragged_dims=(0, 1), requires_grad=True)
         self.pmask = padless.from_list([torch.ones(k) for k in ns], ragged_dims=(0,))
         self.ppair_mask = padless.from_list([torch.ones(k, k) for k in ns], ragged_dims=(0, 1))
+        if collator is not None:
+            t0 = time.perf_counter()
+            b = collator([{"s": a, "z": c, "mask": torch.ones(k), "pair_mask": torch.ones(k, k)} for a, c, k in zip(ss, zs, ns)])
+            self.collate_s = time.perf_counter() - t0
+            self.ps, self.pz = b.s.requires_grad_(), b.z.requires_grad_()
+            self.pmask, self.ppair_mask = b.mask, b.pair_mask
         if dense_masks:  # the padded batch's masks, read by padless in padded coordinates
             self.pmask, self.ppair_mask = self.mask, self.pair_mask
 
@@ -286,10 +301,25 @@ def warm_allocator(layer: nn.Module, batches: list[Batch]) -> None:
         _step(layer, nt_fn, b)()
 
 
+def collators(layer: nn.Module, args) -> tuple:
+    """A ``padless.Collator`` of the layer's inputs without and with a pair plan recipe of the
+    whole layer (recorded on a small example batch), and the recipe."""
+    fields = {"s": padless.Field(ragged=0), "z": padless.Field(ragged=(0, 1)), "mask": padless.Field(ragged=0),
+              "pair_mask": padless.Field(ragged=(0, 1))}
+    plain = padless.Collator(fields)
+    ex = Batch([args.lo, (args.lo + args.hi) // 2, args.hi], args.cs, args.cz, 7, collator=plain).to(args.device)
+    recipe = padless.pair_plan_recipe(layer, ex.ps, ex.pz, ex.pmask, ex.ppair_mask)
+    return plain, padless.Collator({**fields, "s": padless.Field(ragged=0, pair_plans=recipe)}), recipe
+
+
 def fresh(layer: nn.Module, pieces: list[str], args, clock) -> None:
     """Per piece, ``args.rounds`` rounds; each round a new batch of new lengths (one warm-up
     round first), padded and padless stepping on it in alternating order. Prints medians of
-    the step times and of the per-round ratios."""
+    the step times and of the per-round ratios (and, with ``--collator``, of the collate time)."""
+    plain = coll = None
+    if args.collator:
+        plain, coll, recipe = collators(layer, args)
+        print(f"\npadless inputs from padless.Collator with Field(pair_plans=...): {recipe}")
     print(f"\nnew batch every round ({args.rounds} rounds, lengths U[{args.lo}, {args.hi}])")
     print("\n| piece | padded (ms) | padless (ms) | padded / padless |")
     print("|---|---:|---:|---:|")
@@ -298,8 +328,14 @@ def fresh(layer: nn.Module, pieces: list[str], args, clock) -> None:
         rng = random.Random(1)
         times: dict[str, list[float]] = {"padded": [], "padless": []}
         ratios = []
+        collate_s: dict[str, list[float]] = {"plain": [], "recipe": []}
         for r in range(args.rounds + 1):
-            b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, 100 + r, args.dense_masks).to(args.device)
+            ns = lengths(rng, args.batch, args.lo, args.hi)
+            if coll is not None:  # the collate time without the recipe, for comparison
+                collate_s["plain"].append(Batch(ns, args.cs, args.cz, 100 + r, collator=plain).collate_s)
+            b = Batch(ns, args.cs, args.cz, 100 + r, args.dense_masks, collator=coll).to(args.device)
+            if coll is not None:
+                collate_s["recipe"].append(b.collate_s)
             steps = {"padded": _step(layer, pad_fn, b), "padless": _step(layer, nt_fn, b)}
             order = list(steps) if r % 2 else list(reversed(steps))
             t = {}
@@ -314,6 +350,26 @@ def fresh(layer: nn.Module, pieces: list[str], args, clock) -> None:
             ratios.append(t["padded"] / t["padless"])
         print(f"| {name} | {statistics.median(times['padded']) * 1e3:.1f} | "
               f"{statistics.median(times['padless']) * 1e3:.1f} | {statistics.median(ratios):.2f}x |", flush=True)
+        if coll is not None:
+            print(f"  collate (wall, median): {statistics.median(collate_s['plain']) * 1e3:.1f} ms without the recipe, "
+                  f"{statistics.median(collate_s['recipe']) * 1e3:.1f} ms with it")
+
+
+def plan_split(layer: nn.Module, pieces: list[str], args) -> None:
+    """Per piece, steps on new batches split into building plans and the rest
+    (:func:`plan_builds.split_table`), from ``from_list`` and, with ``--collator``, from a
+    Collator with the layer's pair plan recipe."""
+    from plan_builds import split_table
+
+    sources = [("from_list", None)]
+    if args.collator:
+        sources.append(("Collator + recipe", collators(layer, args)[1]))
+
+    def new_step(name: str, rng: random.Random, seed: int, coll):
+        b = Batch(lengths(rng, args.batch, args.lo, args.hi), args.cs, args.cz, seed, collator=coll).to(args.device)
+        return _step(layer, PIECES[name][1], b)
+
+    split_table(pieces, sources, new_step)
 
 
 # ----------------------------------------------------------------------------- checks
@@ -452,6 +508,10 @@ def main() -> None:
     ap.add_argument("--fresh", action="store_true",
                     help="a new batch (new lengths, new NestedTensors) every round, as in training: "
                          "per-batch index maps are paid in every padless step")
+    ap.add_argument("--collator", action="store_true",
+                    help="with --fresh: padless inputs from padless.Collator with a pair plan recipe (the plans built at collate)")
+    ap.add_argument("--plans", action="store_true",
+                    help="per piece, one step on a new batch: the CPU time spent building plans, the plans built, aten ops")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--counts", action="store_true")
     ap.add_argument("--no-check", action="store_true")
@@ -496,6 +556,9 @@ def main() -> None:
         return
     if args.rounds:  # the allocator as a training loop leaves it (see warm_allocator)
         warm_allocator(layer, batches)
+    if args.plans:
+        warm_allocator(layer, batches)
+        plan_split(layer, pieces, args)
     if args.rounds and args.fresh:
         fresh(layer, pieces, args, clock)
     elif args.rounds:

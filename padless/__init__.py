@@ -19,6 +19,7 @@ from padless.ops.vision import patchify
 from padless.ops import unpatchify
 from padless.ops.common.carried import prepare_for_compile
 from padless.ops.common.padded import padded_reads, strict_padded_reads
+from padless.ops.pairs.recipe import pair_plan_recipe
 from padless.collation import Batch, Collator, Field, FlatteningCollator, collate  # noqa: F401  (after the op layer)
 from padless.jagged import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 from padless.tensor.extents import extent_max, extent_min
@@ -46,6 +47,7 @@ __all__ = [
     "from_values",
     "nested",
     "padded_reads",
+    "pair_plan_recipe",
     "patch_grid",
     "patchify",
     "prepare_for_compile",

@@ -52,6 +52,7 @@ from padless.collation.pack import (
     shape_table,
 )
 from padless.collation.opcache import install
+from padless.collation.pair_plans import pair_plans
 from padless.collation import samples as sk
 from padless.collation.samples import fmt_shape
 from padless.tensor.core import NestedTensor, StructureMeta, mark_dynamic
@@ -88,6 +89,11 @@ class Field:
                      ``MaxPool2d`` of that geometry on the batch finds it ready. A network plan recipe
                      (:func:`padless.vision.plan_recipe`) builds every layer's plans of the whole
                      network instead (each stage's convolutions, pools, strided projections)
+    pair_plans       for tokens ``(N_i, *static)`` ragged along dim 0: a pair plan recipe
+                     (:func:`padless.pair_plan_recipe`), the bucket plans one step of a pair model
+                     builds on structures of this field's lengths (attention scores and
+                     ``softmax(...) @ v``, triangle products). The worker builds them for every batch
+                     and the model's first step on it finds them ready (it builds none)
 
     Example:
         >>> import torch, padless
@@ -110,6 +116,7 @@ class Field:
     row_maps: bool = False
     padded_index: bool = False
     spatial_plan: Mapping[str, Any] | Sequence[Mapping[str, Any]] | Any | None = None
+    pair_plans: Any | None = None
 
     def outputs(self) -> dict[str, str]:
         roles = {"position_ids": self.position_ids, "seq_idx": self.seq_idx, "labels": self.labels}
@@ -180,6 +187,7 @@ class Collator:
             plans[key] = plan_samples(col, key) if spec is None else _plan_field(key, col, spec)
         outputs = self._plan_outputs(plans, rows)
         self._plan_pairs(plans)
+        self._plan_pair_recipes(plans)
         for name, geometries in self._geometries.items():
             _plan_spatial(name, plans[name], geometries)
         arena = Arena()
@@ -200,6 +208,13 @@ class Collator:
             y = x if peer is None else _pair_operand(plans, peer)
             n, m = x.host_sizes[:, 0], y.host_sizes[:, 0]
             x.meta.pair = md.pair_maps(n, m, x.static, peer, owner=name)
+
+    def _plan_pair_recipes(self, plans: dict[str, FieldPlan]) -> None:
+        """Each ``Field(pair_plans=recipe)``'s bucket plans for this batch's lengths, built here."""
+        for name, spec in self.fields.items():
+            if spec.pair_plans is not None:
+                x = _pair_operand(plans, name, "pair_plans")
+                x.meta.pair_plans = pair_plans(spec.pair_plans, x.host_sizes[:, 0])
 
     def _plan_outputs(self, plans: dict[str, FieldPlan], rows: list[Mapping[str, Any]]) -> dict[str, "OutputPlan"]:
         """Plans of the declared per-row outputs. An output named like a key the samples carry
@@ -253,6 +268,19 @@ def _validate_schema(fields: dict[str, Field]) -> None:
                         f"Collator: field {name!r}: pair maps and pad_to_multiple (on {f!r}) do not mix: "
                         "the dummy segment would join the pair state"
                     )
+        if spec.pair_plans is not None:
+            from padless.ops.pairs.recipe import PairPlanRecipe
+
+            if not isinstance(spec.pair_plans, PairPlanRecipe):
+                raise TypeError(
+                    f"Collator: field {name!r}: pair_plans must be a recipe from padless.pair_plan_recipe(model, "
+                    f"*example_inputs), got {type(spec.pair_plans).__name__}"
+                )
+            if spec.pad_to_multiple is not None:
+                raise ValueError(
+                    f"Collator: field {name!r}: pair_plans and pad_to_multiple do not mix: the dummy segment "
+                    "would change the lengths the plans are built for"
+                )
         for role, key in spec.outputs().items():
             if key in fields or key in used:
                 other = f"field {key!r}" if key in fields else f"the {used[key]} output"
@@ -404,12 +432,12 @@ def _placeholder(plan: RaggedPlan) -> NestedTensor:
                         StructureMeta(plan.host_sizes, plan.host_offsets))
 
 
-def _pair_operand(plans: dict[str, FieldPlan], name: str) -> RaggedPlan:
+def _pair_operand(plans: dict[str, FieldPlan], name: str, what: str = "pair maps") -> RaggedPlan:
     p = plans[name]
     if not isinstance(p, RaggedPlan) or p.ragged != (0,):
         got = p.ragged if isinstance(p, RaggedPlan) else "none (stacked)"
         raise ValueError(
-            f"Collator: field {name!r}: pair maps need samples (N_i, *static) ragged along dim 0 only; "
+            f"Collator: field {name!r}: {what} need samples (N_i, *static) ragged along dim 0 only; "
             f"this field's ragged dims are {got}"
         )
     return p
@@ -452,7 +480,7 @@ class OutputPlan(FieldPlan):
         out = mark_dynamic(NestedTensor(vals, parent._offsets, sizes, (0,), parent._env[:1], meta))
         fm = parent._meta.derived.get("collate_field_meta")
         if fm is not None:
-            install(out, dataclasses.replace(fm, pair=None, outputs={}, padded_index=None))
+            install(out, dataclasses.replace(fm, pair=None, outputs={}, padded_index=None, pair_plans=None))
         return out
 
 

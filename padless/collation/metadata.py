@@ -104,6 +104,7 @@ class FieldMeta:
     dummy: bool = False  # the last sample is the pad_to_multiple dummy segment
     outputs: dict[str, str] = dataclasses.field(default_factory=dict)  # role -> batch key ("labels", ...)
     spatial: tuple[SpatialMaps, ...] = ()  # first-layer spatial plans (Field(spatial_plan=...))
+    pair_plans: Any = None  # a pair model's bucket plans (Field(pair_plans=...), padless.collation.pair_plans)
 
 
 # ---------------------------------------------------------------------------- tensors of a meta

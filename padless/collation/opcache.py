@@ -24,6 +24,7 @@ import torch
 
 from padless.collation.metadata import FieldMeta, PairMaps, SpatialMaps
 from padless.collation.network import NetworkPlans, install_network
+from padless.collation.pair_plans import install_pair_plans
 from padless.ops.common.broadcast import Plan
 from padless.ops.common.carried import carry_pair_maps
 from padless.ops.common.segment import Groups
@@ -58,6 +59,8 @@ def install(nt: NestedTensor, fm: FieldMeta) -> None:
         m.derived[("groups_obj", reduced, dev)] = Groups(r.row_ids, nt.batch_size, r.counts, None, local, r.empty_sample)
     if fm.spatial:
         install_spatial(nt, fm.spatial)
+    if fm.pair_plans is not None:
+        install_pair_plans(nt, fm.pair_plans)
 
 
 # The index tensors of a spatial plan that live on the batch's device; its other tensors are host metadata.

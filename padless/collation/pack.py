@@ -343,7 +343,7 @@ class RaggedPlan(FieldPlan):
         m = self.meta
         core = (self.host_offsets, self.host_sizes, m.cu_seqlens)
         plain = (  # the common field: one ragged dim, nothing opted in (no walk over the metadata)
-            m.rows is None and m.pair is None and m.padded_index is None and not m.spatial
+            m.rows is None and m.pair is None and m.padded_index is None and not m.spatial and m.pair_plans is None
             and len(m.partitions) == 1 and m.partitions[0] is self.host_offsets
         )
         extra = [] if plain else [(t, host) for t, host in md.iter_tensors(m) if not any(t is c for c in core)]

@@ -56,10 +56,12 @@ class LRU:
             self._data.move_to_end(key)
             return hit[0]
 
-    def put(self, key: Any, value: Any) -> bool:
+    def put(self, key: Any, value: Any, size: int | None = None) -> bool:
         """Keep ``value`` under ``key``, dropping the least recently used entries past the bounds.
-        False (nothing kept) for an entry larger than a quarter of the byte bound."""
-        n = self._size(key, value)
+        False (nothing kept) for an entry larger than a quarter of the byte bound. ``size``: the
+        entry's bytes when the caller knows them (an entry of many small Python objects is slow
+        to walk), else counted here."""
+        n = self._size(key, value) if size is None else size
         if n > self.max_bytes // 4:
             return False
         with self._lock:

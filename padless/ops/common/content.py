@@ -50,11 +50,12 @@ def get_or_build(key: tuple, build) -> Any:
         return _CACHE.get_or_build(key, build)
 
 
-def put(key: tuple, value: Any) -> None:
+def put(key: tuple, value: Any, size: int | None = None) -> None:
     """Keep ``value`` under ``key``; not under ``torch.inference_mode()``, where it was built of
-    inference tensors that a later training step could not save for its backward."""
+    inference tensors that a later training step could not save for its backward. ``size``: the
+    entry's bytes (key included) when the caller counts them itself."""
     if not torch.is_inference_mode_enabled():
-        _CACHE.put(key, value)
+        _CACHE.put(key, value, size)
 
 
 def clear() -> None:

@@ -330,49 +330,96 @@ def size_buckets(ext: Tensor, weight: Tensor | None = None, cost: Callable[[Sequ
 
 
 class RowMap(NamedTuple):
-    """An injective row map ``y[r] = x[index[r]]``, where ``index[r] == len(x)`` (a *hole*)
-    reads a fill value instead; built once on the host by :func:`row_map`."""
+    """An injective row map ``y[r] = x[safe[r]]``, except at the *holes* (rows of ``y`` no row
+    of ``x`` lands on), which read a fill value instead; built once on the host by
+    :func:`padding_maps`."""
 
-    index: Tensor  # (R,) int64, holes = len(x)
-    safe: Tensor  # index with holes pointing at row 0 (what index_select reads; int32 when it fits)
+    safe: Tensor  # the source row of every row of y, holes pointing at row 0 (int32 when it fits)
     holes: Tensor | None  # rows of y that are holes, or None
 
 
-def row_map(index: Tensor, n_src: int, device: torch.device | str) -> RowMap:
-    """:class:`RowMap` of a host index whose entries ``== n_src`` are holes, on ``device``."""
-    hole = index == n_src
-    holes = hole.nonzero()[:, 0] if bool(hole.any()) else None
-    safe = index.masked_fill(hole, 0)
-    if n_src < 2 ** 31:  # half the index traffic of a gather (element maps are as long as the data)
-        safe = safe.to(torch.int32)
-    dev = torch.device(device)
-    return RowMap(index.to(dev, non_blocking=True), safe.to(dev, non_blocking=True),
-                  None if holes is None else holes.to(dev, non_blocking=True))
-
-
-def padding_maps(index: Tensor, rows: int, device: torch.device | str) -> tuple[RowMap, RowMap]:
+def padding_maps(index: Tensor | np.ndarray, rows: int, device: torch.device | str) -> tuple[RowMap, RowMap]:
     """Both directions of an injective host map ``index`` from packed rows into ``rows``
     padded rows: ``(to_padded, to_packed)``, the padded rows reading packed rows (holes where
     none lands) and the packed rows reading their padded rows (no holes: every packed row has
-    its place). Built with numpy in a few passes: element maps of a new batch's attention
-    scores run to hundreds of thousands of entries."""
-    m = index.shape[0]
-    idx = index.contiguous().numpy()
-    inv = np.full(rows, m, dtype=np.int64)
-    inv[idx] = np.arange(m, dtype=np.int64)
-    hole = inv == m
-    holes = np.flatnonzero(hole)
-    safe = inv.astype(np.int32) if m < 2 ** 31 else inv.copy()  # half the index traffic of a gather
-    safe[hole] = 0
+    its place). Built with numpy in four passes over the padded rows (a zeroed array, a
+    scatter, a covered mask, its holes): element maps of a new batch's attention scores run
+    to hundreds of thousands of entries, and are built for every new batch.
+
+    >>> to_padded, to_packed = padding_maps(torch.tensor([3, 0, 1]), 5, "cpu")
+    >>> to_padded.safe.tolist(), to_padded.holes.tolist(), to_packed.safe.tolist()
+    ([1, 2, 0, 0, 0], [2, 4], [3, 0, 1])
+    """
+    idx = index.contiguous().numpy() if isinstance(index, Tensor) else np.ascontiguousarray(index, dtype=np.int64)
+    m = idx.shape[0]
+    small = np.int32 if m < 2 ** 31 else np.int64  # half the index traffic of a gather
+    safe = np.zeros(rows, dtype=small)
+    safe[idx] = np.arange(m, dtype=small)
+    covered = np.zeros(rows, dtype=bool)
+    covered[idx] = True
+    holes = np.flatnonzero(~covered)
     dev = torch.device(device)
 
     def on(a: np.ndarray) -> Tensor:
-        return torch.from_numpy(a).to(dev, non_blocking=True)
+        t = torch.from_numpy(a)
+        return t if dev.type == "cpu" else t.to(dev, non_blocking=True)
 
-    to_padded = RowMap(on(inv), on(safe), on(holes) if holes.size else None)
-    to_packed = RowMap(index.to(dev, non_blocking=True),
-                       (index.to(torch.int32) if rows < 2 ** 31 else index).to(dev, non_blocking=True), None)
-    return to_padded, to_packed
+    back = idx.astype(np.int32) if rows < 2 ** 31 else idx
+    return RowMap(on(safe), on(holes) if holes.size else None), RowMap(on(back), None)
+
+
+GRID_ELEMENTS_PER_SAMPLE = 256
+"""Average elements per sample from which :func:`grid_positions` builds sample by sample (a
+broadcast ``arange`` per dim) rather than over every element at once (a division and a
+remainder per dim): a numpy call costs about as much as a pass over a few hundred elements."""
+
+
+def grid_positions(ext: np.ndarray, base: np.ndarray, strides: np.ndarray) -> np.ndarray:
+    """Where every element of every sample's grid lies, samples in order, each grid row-major.
+
+    Sample ``i`` is the grid of extents ``ext[i]`` (``(B, K)`` int64); its element at
+    coordinates ``c`` lies at ``base[i] + sum(c * strides[i])``. Host numpy, int64: the index
+    maps of a bucketed contraction (rows or elements into a padded bucket buffer) are this,
+    with per-sample bases and per-bucket strides. Few large grids (pair states, attention
+    scores) are built grid by grid with broadcast ``arange``s, many small ones all at once.
+
+    >>> grid_positions(np.array([[2, 3], [1, 2]]), np.array([0, 100]), np.array([[10, 1], [10, 1]])).tolist()
+    [0, 1, 2, 10, 11, 12, 100, 101]
+    """
+    b, k = ext.shape
+    if k == 0:  # every sample one element, at its base
+        return base.astype(np.int64)
+    sizes = ext.prod(axis=1)
+    total = int(sizes.sum())
+    if total == 0:
+        return np.zeros(0, dtype=np.int64)
+    if total >= GRID_ELEMENTS_PER_SAMPLE * b:
+        ar = np.arange(int(ext.max()), dtype=np.int64)
+        out = np.empty(total, dtype=np.int64)
+        at = 0
+        for e, o, st, n in zip(ext.tolist(), base.tolist(), strides.tolist(), sizes.tolist()):
+            if n == 0:
+                continue
+            pos = np.full((1,) * k, o, dtype=np.int64)
+            for d in range(k - 1):  # every dim but the last, broadcast
+                shape = [1] * k
+                shape[d] = e[d]
+                pos = pos + (ar[:e[d]] * st[d]).reshape(shape)
+            np.add(pos, ar[:e[-1]] * st[-1], out=out[at:at + n].reshape(e))  # the last one into the result
+            at += n
+        return out
+    starts = np.cumsum(sizes) - sizes
+    if k == 1:  # rows of sequences: a run per sample
+        st = strides[:, 0]
+        return np.repeat(base - starts * st, sizes) + np.arange(total, dtype=np.int64) * np.repeat(st, sizes)
+    sid = np.repeat(np.arange(b, dtype=np.int64), sizes)
+    local = np.arange(total, dtype=np.int64) - starts[sid]
+    pos = base.astype(np.int64)[sid]
+    for d in reversed(range(k)):
+        n = ext[sid, d]
+        pos += (local % n) * strides[sid, d]
+        local //= n
+    return pos
 
 
 class _RowGather(torch.autograd.Function):

@@ -40,7 +40,7 @@ class _Plan:
     pads: list[tuple[RowMap, RowMap]]  # per operand: its padded buffer's rows <-> its packed rows
     packs: tuple[RowMap, RowMap]  # the concatenated bucket results' rows <-> the result's rows
     splits: list[list[int]]  # per operand: buffer rows (elements, when flat) of every bucket
-    flat: list[bool]  # per operand, then the result: maps over elements (bucketed._elements_index)
+    flat: list[bool]  # per operand, then the result: maps over elements (bucketed._buffer_index)
     views: list[list[tuple[list[int], list[int] | None]]]  # per bucket, per operand: dense shape, permutation
     out_perm: list[int]  # result of a bucket -> storage order (identity when flat: sample order)
     out_shapes: list[list[int]]  # per bucket: its result in storage (or, when flat, sample) order

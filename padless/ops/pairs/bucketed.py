@@ -21,7 +21,7 @@ the op count does not depend on the batch size. Samples of lengths 2, 5, 4 for
 The scores' buffer is laid out in sample dim order (``(slot, h, i, j)``): when a static dim
 comes before a ragged last one (scores ``(H, L_i, L_i)`` stored as rows ``(i, j)`` of ``H``
 features), the maps read single elements, so no transposing copy of single elements runs on
-either side of the dense call (:func:`_elements_index`). Other buffers hold whole rows in
+either side of the dense call (:func:`_buffer_index`). Other buffers hold whole rows in
 storage order (``q (L_i, H, D)``; ``(I, H, J, C)`` rows ``(i, j)`` of ``H * C`` features,
 viewed permuted), read through one index per row. Both directions are gathers through maps
 whose inverses are known (:func:`padless.ops.kernels.layout.gather_rows`), so no backward
@@ -53,12 +53,13 @@ import dataclasses
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from padless.ops.common import content, partners, sample_views
 from padless.ops.common.amp import autocast_inputs
-from padless.ops.kernels.layout import MAX_BUCKETS, gather_rows, padding_maps, size_buckets
+from padless.ops.kernels.layout import MAX_BUCKETS, gather_rows, grid_positions, padding_maps, size_buckets
 from padless.ops.pairs import pending
 from padless.ops.pairs.bucket_nodes import (  # _Contract, _SoftmaxContract: tests reach them here
     _BATCH,
@@ -105,46 +106,29 @@ def _letter_extents(ins: Sequence[str], operands: Sequence[NestedTensor]) -> tup
     return ragged, static
 
 
-def _rows_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: str, total: int,
-                bucket_of: Tensor, slot_of: Tensor, env: dict[str, Tensor], start: Tensor) -> tuple[Tensor, Tensor]:
-    """Padded buffer row of every packed row of one operand (host), and the rows per slot of
-    each bucket. ``env[c]``: per bucket padded extent of letter ``c``."""
-    per_slot = torch.ones(start.shape[0], dtype=torch.int64)
-    for d in ragged:
-        per_slot = per_slot * env[letters[d]]
-    sid, coords = layout.row_coords(hs, ho, ragged, total)
-    bk = bucket_of.index_select(0, sid)
-    flat = torch.zeros(total, dtype=torch.int64)
-    for d, c in zip(ragged, coords):
-        flat = flat * env[letters[d]].index_select(0, bk) + c
-    return start.index_select(0, bk) + slot_of.index_select(0, sid) * per_slot.index_select(0, bk) + flat, per_slot
+def _buffer_index(hs: list[list[int]], ragged: tuple[int, ...], dims: Sequence[int], where: list[tuple[int, int]],
+                  ext: list[list[int]], start: list[int], static: dict[int, int]) -> np.ndarray:
+    """Where every packed row (or element) of one operand lies in its padded buffer (host numpy).
 
-
-def _elements_index(hs: Tensor, ho: Tensor, ragged: tuple[int, ...], letters: str, total: int,
-                    bucket_of: Tensor, slot_of: Tensor, env: dict[str, Tensor], start: Tensor,
-                    static: dict[int, int]) -> tuple[Tensor, Tensor]:
-    """Flat buffer element of every packed element of one operand whose buffer is laid out in
-    sample dim order (``(slot, h, i, j)`` for ``(H, N_i, N_i)`` scores stored as rows ``(i, j)``
-    of ``H`` features): one gather per direction, no transposing copy. ``static``: extent of
-    every static dim. Returns the index (host, ``rows * features``) and the elements per slot
-    of each bucket."""
-    nbk = start.shape[0]
-    ext = [env[letters[d]] if d in ragged else torch.full((nbk,), static[d], dtype=torch.int64) for d in range(len(letters))]
-    strides: list[Tensor] = [torch.ones(nbk, dtype=torch.int64)] * len(letters)
-    acc = torch.ones(nbk, dtype=torch.int64)
-    for d in reversed(range(len(letters))):
-        strides[d] = acc
-        acc = acc * ext[d]
-    sid, coords = layout.row_coords(hs, ho, ragged, total)
-    bk = bucket_of.index_select(0, sid)
-    base = start.index_select(0, bk) + slot_of.index_select(0, sid) * acc.index_select(0, bk)
-    for d, c in zip(ragged, coords):
-        base = base + c * strides[d].index_select(0, bk)
-    off = torch.zeros(nbk, 1, dtype=torch.int64)  # per bucket: offset of every static element
-    for d in range(len(letters)):
-        if d not in ragged:
-            off = (off[:, :, None] + torch.arange(static[d])[None, None, :] * strides[d][:, None, None]).reshape(nbk, -1)
-    return (base[:, None] + off.index_select(0, bk)).reshape(-1), acc
+    A bucket's buffer holds its slots one after the other, each the dims ``dims`` row-major at
+    that bucket's extents ``ext[k]``: the ragged dims in storage order for a buffer of rows, every
+    sample dim in sample order for a buffer of elements (``(slot, h, i, j)`` for ``(H, N_i, N_i)``
+    scores stored as rows ``(i, j)`` of ``H`` features). A sample's rows enumerate its ragged dims
+    in storage order, then (elements) the static dims of ``dims`` in order: per sample one grid
+    (:func:`padless.ops.kernels.layout.grid_positions`) at its own extents, at the buffer's strides
+    of its bucket, from its slot's start. ``where[i]``: sample ``i``'s bucket and slot."""
+    order = [*ragged, *(d for d in dims if d not in ragged)]
+    strides, per_slot = [], []
+    for e in ext:
+        st, acc = {}, 1
+        for d, n in zip(reversed(dims), reversed(e)):
+            st[d] = acc
+            acc *= n
+        strides.append([st[d] for d in order])
+        per_slot.append(acc)
+    own = np.array([[row[d] if d in ragged else static[d] for d in order] for row in hs], dtype=np.int64).reshape(len(hs), len(order))
+    base = np.array([start[k] + q * per_slot[k] for k, q in where], dtype=np.int64)
+    return grid_positions(own, base, np.array([strides[k] for k, _ in where], dtype=np.int64).reshape(len(hs), len(order)))
 
 
 def _element_maps(ndim: int, ragged: Sequence[int], width: int = 1) -> bool:
@@ -248,7 +232,7 @@ def _cost(ins: Sequence[str], out: str, letters: list[str], static: dict[str, in
     return cost
 
 
-def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups) -> float:
+def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups, device) -> float:
     """:data:`ELEMENT_MAP_COST` for every padded element of the operands and the result that
     are read through element maps and whose samples are large enough for per-sample views."""
     pos = {c: i for i, c in enumerate(letters)}
@@ -260,7 +244,7 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
             continue
         per_row = [pos[s[d]] for d in ragged]
         total = sum(math.prod(r[i] for i in per_row) for r in rows)
-        if not sample_views.pays(b, total, operands[0]._values.device):
+        if not sample_views.pays(b, total, device):
             continue
         price += ELEMENT_MAP_COST * width * sum(
             len(ids) * math.prod(max(rows[i][j] for i in ids) for j in per_row) for ids in groups)
@@ -268,12 +252,16 @@ def _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows
 
 
 def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], forced: Sequence | None = None,
-           unread: int | None = None) -> _Plan | None:
+           unread: int | None = None, priced_for: torch.device | None = None,
+           pending_operands: Sequence[bool] | None = None) -> _Plan | None:
     """The plan of one contraction; ``forced``: the buckets' samples (another plan's, so two
     contractions share their padded layout), else chosen here (None when the per-sample
     loop is cheaper). ``unread``: an operand whose buffer is never gathered through this plan
     (the weights of a fused attention, computed in the node): its maps are not built
-    (``pads[unread]`` is None)."""
+    (``pads[unread]`` is None). The maps are built on the operands' device; the prices are
+    those of ``priced_for`` (default that device) and of operands that are pending or not as
+    ``pending_operands`` says (default: as they are): a Collator's worker builds on the host
+    the plans a batch meets on its device (:mod:`padless.ops.pairs.recipe`)."""
     ext = _letter_extents(ins, operands)
     if ext is None:
         return None
@@ -289,19 +277,22 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     bucket_call = SCORES_CALL_COST if out and out[-1] in ragged_ext and not summed & set(ragged_ext) else CALL_COST
     scores = bucket_call == SCORES_CALL_COST
     rows = table.tolist()
-    call = SAMPLE_CALL_COST if operands[0]._values.device.type == "cpu" else SAMPLE_CALL_COST_DEVICE
+    priced_for = operands[0]._values.device if priced_for is None else priced_for
+    call = SAMPLE_CALL_COST if priced_for.type == "cpu" else SAMPLE_CALL_COST_DEVICE
     if scores:  # per sample, scores run the same chain of calls a bucket does
         call = max(call, SCORES_CALL_COST)
     per_sample = sum(cost(r) for r in rows) + b * call
     # pending weights (softmax(scores) @ v), or scores (they defer, and end in the fused node)
-    factor = PENDING_FACTOR if scores or any(isinstance(o._values, pending.Pending) for o in operands) else BUCKET_FACTOR
+    if pending_operands is None:
+        pending_operands = [isinstance(o._values, pending.Pending) for o in operands]
+    factor = PENDING_FACTOR if scores or any(pending_operands) else BUCKET_FACTOR
     if forced is None and factor * (per_sample - b * call + CALL_COST) > per_sample:
         return None  # even one bucket without padding costs more: no need to choose buckets
     groups = size_buckets(table, cost=cost, overhead=bucket_call) if forced is None else [list(ids) for ids in forced]
     padded = sum(len(ids) * cost([max(rows[i][j] for i in ids) for j in range(len(letters))]) + CALL_COST
                  for ids in groups)
     if forced is None:  # large samples read through element maps (see ELEMENT_MAP_COST)
-        padded += _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups)
+        padded += _element_map_price(ins, out, operands, ragged_ext, static_ext, letters, rows, groups, priced_for)
     if forced is None and factor * padded > per_sample:
         return None  # large samples (a cubic triangle product): the per-sample loop is cheaper
     nbk = len(groups)
@@ -311,52 +302,46 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     for k, ids in enumerate(groups):
         for q, i in enumerate(ids):
             where[i] = (k, q)
-    bucket_of = torch.tensor([w[0] for w in where], dtype=torch.int64)
-    slot_of = torch.tensor([w[1] for w in where], dtype=torch.int64)
-    env = {c: torch.tensor([max((rows[i][j] for i in ids), default=0) for ids in groups], dtype=torch.int64)
-           for j, c in enumerate(letters)}
-    counts = torch.tensor([len(ids) for ids in groups], dtype=torch.int64)
+    env = {c: [max((rows[i][j] for i in ids), default=0) for ids in groups] for j, c in enumerate(letters)}
+    counts = [len(ids) for ids in groups]
     dev = operands[0]._values.device
 
-    def index(hs, ho, ragged, s, total, static, need: bool = True, width: int = 1):
-        if _element_maps(len(s), ragged, width):  # buffer in sample dim order: maps over elements
-            per_slot = torch.ones(nbk, dtype=torch.int64)
-            for d in range(len(s)):
-                per_slot = per_slot * (env[s[d]] if d in ragged else static[d])
-            start = layout.offsets_from_counts(counts * per_slot)
-            idx = _elements_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1], static)[0] if need else None
-            return idx, start, True
-        per_slot = torch.ones(nbk, dtype=torch.int64)
-        for d in ragged:
-            per_slot = per_slot * env[s[d]]
-        start = layout.offsets_from_counts(counts * per_slot)
-        idx = _rows_index(hs, ho, ragged, s, total, bucket_of, slot_of, env, start[:-1])[0] if need else None
-        return idx, start, False
+    def index(hs, ragged, s, static, need: bool = True, width: int = 1):
+        """The operand's (or the result's) map into its buffer (None unless ``need``), the
+        buffer's start of every bucket and its end, and whether it maps elements."""
+        flat = _element_maps(len(s), ragged, width)  # buffer in sample dim order: maps over elements
+        dims = range(len(s)) if flat else ragged
+        ext = [[env[s[d]][k] if d in ragged else static[d] for d in dims] for k in range(nbk)]
+        start = [0]
+        for k in range(nbk):
+            start.append(start[-1] + counts[k] * math.prod(ext[k]))
+        idx = _buffer_index(hs.tolist(), ragged, dims, where, ext, start, static) if need else None
+        return idx, start, flat
 
     pads, starts, flat = [], [], []
     for j, (s, o) in enumerate(zip(ins, operands)):
         static = {d: int(o._env[d]) for d in range(len(s)) if d not in o._ragged}
         need = j != unread
-        idx, start, fl = index(o.host_sizes(), o.host_offsets(), o._ragged, s, o._values.shape[0], static, need,
-                               math.prod(static.values()))
-        pads.append(padding_maps(idx, int(start[-1]), dev) if need else None)
-        starts.append(start.tolist())
+        idx, start, fl = index(o.host_sizes(), o._ragged, s, static, need, math.prod(static.values()))
+        pads.append(padding_maps(idx, start[-1], dev) if need else None)
+        starts.append(start)
         flat.append(fl)
     out_ragged = tuple(d for d, c in enumerate(out) if c in ragged_ext)
     out_hs = torch.stack([ragged_ext[c] if c in ragged_ext else torch.full((b,), static_ext[c], dtype=torch.int64)
                           for c in out], 1) if out else torch.zeros(b, 0, dtype=torch.int64)
     out_ho = layout.offsets_from_counts(layout.row_counts(out_hs, out_ragged))
-    out_args = (out_hs, out_ho, out_ragged, out, int(out_ho[-1]), {d: static_ext[c] for d, c in enumerate(out) if d not in out_ragged})
+    out_args = (out_hs, out_ragged, out, {d: static_ext[c] for d, c in enumerate(out) if d not in out_ragged})
     _, out_start, out_flat = index(*out_args, need=False)
     flat.append(out_flat)
     # the result's maps: built when first read (fused attention reads its scores in its buckets)
-    packs = LazyMaps(lambda: padding_maps(index(*out_args)[0], int(out_start[-1]), dev))
+    elements = int(out_ho[-1]) * (math.prod(out_args[3].values()) if out_flat else 1)
+    packs = LazyMaps(lambda: padding_maps(index(*out_args)[0], out_start[-1], dev), _maps_bytes(elements, out_start[-1]))
     out_static = tuple(static_ext[c] for d, c in enumerate(out) if d not in out_ragged)
     env_out = envelope_from_sizes(out_hs, out_ragged, out_static)
     on_cpu = dev.type == "cpu"
     structure = (out_ho if on_cpu else out_ho.to(dev, non_blocking=True), out_hs if on_cpu else out_hs.to(dev, non_blocking=True),
                  env_out, StructureMeta(out_hs, out_ho))
-    per_bucket = [(int(counts[k]), {**{c: int(env[c][k]) for c in letters}, **static_ext}) for k in range(nbk)]
+    per_bucket = [(counts[k], {**{c: env[c][k] for c in letters}, **static_ext}) for k in range(nbk)]
     equation = ",".join(_BATCH + s for s in ins) + "->" + _BATCH + out
     views = [[_view(o, s, nb, ext, fl) for s, o, fl in zip(ins, operands, flat)] for nb, ext in per_bucket]
     out_order = list(range(len(out))) if out_flat else layout.storage_order(len(out), out_ragged)
@@ -395,15 +380,23 @@ def _view(nt: NestedTensor, letters: str, nb: int, ext: dict[str, int], flat: bo
     return shape, ([0, *[1 + p for p in inv]] if inv != list(range(len(inv))) else None)
 
 
+def _maps_bytes(rows: int, padded: int) -> int:
+    """Bytes of :func:`padding_maps` of ``rows`` packed rows into ``padded`` places: a source row
+    per place, a place per row (int32 below 2^31), and the holes (int64)."""
+    width = 4 if max(rows, padded) < 2 ** 31 else 8
+    return width * (padded + rows) + 8 * (padded - rows) + 512
+
+
 class LazyMaps:
     """A pair of maps built on first indexing (a plan's result maps: attention scores that
     stay in the fused node's buckets are never read as rows, and their element maps, as long
-    as the scores, are then never built). Shared by every copy of the plan."""
+    as the scores, are then never built). Shared by every copy of the plan. ``nbytes``: what
+    the maps will hold once built (the content cache counts it when the plan enters)."""
 
-    __slots__ = ("_build", "_maps")
+    __slots__ = ("_build", "_maps", "nbytes")
 
-    def __init__(self, build) -> None:
-        self._build, self._maps = build, None
+    def __init__(self, build, nbytes: int = 0) -> None:
+        self._build, self._maps, self.nbytes = build, None, nbytes
 
     def __getitem__(self, i: int):
         if self._maps is None:
@@ -434,10 +427,16 @@ def _plan_on(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], gro
     fused attention), shared by content as :func:`_plan`'s are; ``unread``: see :func:`_build`."""
     ckey = _content_key(ins, out, operands)
     ckey = None if ckey is None else (*ckey, "on", tuple(tuple(ids) for ids in groups), unread)
-    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups, unread))
+    return _by_content(ckey, operands, lambda: _build(ins, out, operands, groups, unread), (groups, unread))
 
 
-def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build) -> _Plan | None:
+BUILT: list = []
+"""Callbacks ``(ins, out, operands, plan, on)`` told of every plan built here (``on``: the
+``(groups, unread)`` of a plan on given buckets, else None): how a recipe learns a step's plans
+(:mod:`padless.ops.pairs.recipe`)."""
+
+
+def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build, on: tuple | None = None) -> _Plan | None:
     """The plan cached under ``ckey`` (the same rows seen through other structure objects: the
     next layer of a stack, a new batch object), copied for these operands; else ``build()``,
     cached."""
@@ -446,21 +445,32 @@ def _by_content(ckey: tuple | None, operands: Sequence[NestedTensor], build) -> 
         return _own_copy(hit[0], operands)
     plan = build()
     if ckey is not None:
-        content.put(ckey, _shared(plan))
+        entry = _shared(plan)
+        content.put(ckey, entry, _entry_bytes(ckey, entry[0]))
+        for tell in BUILT:
+            tell(ckey[1], ckey[2], operands, plan, on)
     return plan
 
 
 def _content_key(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> tuple | None:
-    """What a plan depends on besides the structure objects: the operands' rows (host sizes and
-    offsets), the equation, whether an operand is pending, and the prices (tests change them)."""
+    """What a plan depends on besides the structure objects (:func:`plan_key`), for these operands."""
     keys = [content.structure_key(o) for o in operands]
     if any(k is None for k in keys):
         return None
     v = operands[0]._values
-    return ("bucketed", tuple(ins), out, v.device, v.dtype, tuple(keys),
-            tuple(isinstance(o._values, pending.Pending) for o in operands),
-            (CALL_COST, SCORES_CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR,
-             ELEMENT_COST, ELEMENT_MAP_COST, MAX_BUCKETS, sample_views.ROWS_PER_SAMPLE))
+    return plan_key(ins, out, v.device, v.dtype, keys, [isinstance(o._values, pending.Pending) for o in operands])
+
+
+def plan_key(ins: Sequence[str], out: str, device: torch.device, dtype: torch.dtype, keys: Sequence[tuple],
+             pending_operands: Sequence[bool], groups: Sequence | None = None, unread: int | None = None) -> tuple:
+    """The content cache's key of a plan: the operands' rows (``keys``: their
+    :func:`padless.ops.common.content.structure_key`), the equation, the device and dtype, whether
+    an operand is pending, the prices (tests change them), and for a plan on given buckets
+    (:func:`_plan_on`) those buckets and its unread operand."""
+    key = ("bucketed", tuple(ins), out, device, dtype, tuple(keys), tuple(pending_operands),
+           (CALL_COST, SCORES_CALL_COST, SAMPLE_CALL_COST, SAMPLE_CALL_COST_DEVICE, BUCKET_FACTOR, PENDING_FACTOR,
+            ELEMENT_COST, ELEMENT_MAP_COST, MAX_BUCKETS, sample_views.ROWS_PER_SAMPLE))
+    return key if groups is None else (*key, "on", tuple(tuple(ids) for ids in groups), unread)
 
 
 def _own_copy(plan: _Plan | None, operands: Sequence[NestedTensor]) -> _Plan | None:
@@ -482,6 +492,32 @@ def _shared(plan: _Plan | None) -> tuple:
     offsets, sizes, env, meta = plan.structure
     shared = dataclasses.replace(plan, structure=(offsets, sizes, env, (meta.host_sizes, meta.host_offsets)), cache={})
     return shared, shared.pads, shared.packs
+
+
+PLAN_PYTHON_BYTES = 4096
+"""What a plan's Python parts and its key's hold besides the operands' host sizes and offsets
+(equation, per-bucket extents, views and shapes of a few buckets), counted as one figure: walking
+them object by object cost more than the host work of a small plan (about 0.2 ms per plan, twice
+per attention layer of a new batch)."""
+
+
+def _entry_bytes(ckey: tuple, plan: _Plan | None) -> int:
+    """Bytes of a content-cache entry: the operands' host sizes and offsets in its key, the plan's
+    index maps (the result's too, built or not) and its result's metadata tensors (their
+    elements), and :data:`PLAN_PYTHON_BYTES`."""
+    total = PLAN_PYTHON_BYTES + sum(len(k[1]) + len(k[4]) for k in ckey[5])
+    if plan is None:
+        return total
+    tensors = [t for maps in plan.pads if maps is not None for m in maps for t in m if t is not None]
+    if isinstance(plan.packs, LazyMaps):
+        total += plan.packs.nbytes
+    else:
+        tensors += [t for m in plan.packs for t in m if t is not None]
+    offsets, sizes, _, meta = plan.structure
+    host = (meta.host_sizes, meta.host_offsets) if isinstance(meta, StructureMeta) else meta
+    # each tensor's own elements: a carried plan's maps are views of one buffer per batch
+    # (padless.collation.pair_plans), which its few entries share
+    return total + sum(t.numel() * t.element_size() + 128 for t in (*tensors, offsets, sizes, *host))
 
 
 def contract(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> NestedTensor | None:

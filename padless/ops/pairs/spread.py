@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common import broadcast, content, padded
-from padless.ops.kernels.layout import RowMap, padding_maps, read_rows
+from padless.ops.kernels.layout import RowMap, grid_positions, padding_maps, read_rows
 from padless.ops.pairs.bucket_nodes import _Plan
 from padless.tensor import layout
 from padless.tensor.core import NestedTensor, StructureMeta, _is_traced
@@ -158,21 +158,11 @@ def _build(plan: _Plan, src: NestedTensor) -> Maps:
         start += count * per
     where = {s: (k, q) for k, ids in enumerate(plan.groups) for q, s in enumerate(ids)}
     order = [*ragged, *static]  # a sample's elements: rows (ragged dims, storage order), then features
-    parts = []
-    for s in range(src.batch_size):
-        ext = [int(hs[s, d]) for d in order]
-        if 0 in ext:
-            continue
-        k, q = where[s]
-        base, per, strides = pieces[k]
-        pos = np.full([1] * len(order), base + q * per, dtype=np.int64)
-        for a, d in enumerate(order):
-            shape = [1] * len(order)
-            shape[a] = ext[a]
-            pos = pos + (np.arange(ext[a], dtype=np.int64) * strides[d]).reshape(shape)
-        parts.append(pos.reshape(-1))
-    idx = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-    to_buf, to_src = padding_maps(torch.from_numpy(idx), start, src._values.device)
+    places = [where[i] for i in range(src.batch_size)]
+    idx = grid_positions(hs[:, order].astype(np.int64).reshape(src.batch_size, len(order)),
+                         np.array([pieces[k][0] + q * pieces[k][1] for k, q in places], dtype=np.int64),
+                         np.array([[pieces[k][2][d] for d in order] for k, _ in places], dtype=np.int64).reshape(src.batch_size, len(order)))
+    to_buf, to_src = padding_maps(idx, start, src._values.device)
     return Maps(to_buf, to_src, splits, shapes, sums)
 
 
