@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from padless.ops.vision.patchify import _check_images, _pair, _patch_rows
+from padless.ops.common.dry_run import model_step, traceless
 from padless.ops.common.host import from_host_structure, host_structure
 from padless.ops.vision.compiled import AxisMap, prepare_images_for_compile
 from padless.ops.common.structure import RAGGED, STATIC, keep_all, restructure
@@ -354,43 +355,5 @@ def plan_recipe(model: "torch.nn.Module | Callable[[NestedTensor], Any]", exampl
 
     if not isinstance(example, NestedTensor):
         raise TypeError(f"plan_recipe(): example must be a NestedTensor of images, got {type(example).__name__}")
-    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    buffers = [b for b in model.buffers()] if isinstance(model, torch.nn.Module) else []
-    grads = [p.grad for p in params]
-    saved = [b.detach().clone() for b in buffers]
-
-    def run() -> None:
-        with torch.set_grad_enabled(backward):
-            out = model(example)
-            if backward:
-                total = sum(_scalar(t) for t in _tensors(out) if t.requires_grad)
-                if isinstance(total, Tensor):
-                    total.backward()
-
-    dev = example._values.device
-    try:
-        for p in params:
-            p.grad = None
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [], device_type=dev.type if dev.type == "cuda" else "cuda"):
-            return record(example, run)  # dropout draws from a forked generator: the user's stream is left as it was
-    finally:
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.grad = g
-            for b, s in zip(buffers, saved):
-                b.copy_(s)
-
-
-def _tensors(out: Any) -> list[Tensor]:
-    if isinstance(out, Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    return []
-
-
-def _scalar(t: Tensor) -> Tensor:
-    v = values_of(t) if isinstance(t, NestedTensor) else t
-    return v.float().sum()
+    # dropout draws from a forked generator: the user's stream is left as it was
+    return traceless(model, example._values.device, lambda: record(example, model_step(model, backward, example)))

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common import content
+from padless.ops.common.dry_run import model_step, traceless
 from padless.ops.kernels.layout import RowMap
 from padless.ops.pairs import bucketed
 from padless.ops.pairs.bucket_nodes import _Plan
@@ -297,8 +298,6 @@ def pair_plan_recipe(model: Callable[..., Any], *inputs: Any, field: NestedTenso
         collator = padless.Collator({"s": padless.Field(ragged=0, pair_plans=recipe),
                                      "z": padless.Field(ragged=(0, 1)), ...})
     """
-    from padless.tensor.core import values_of
-
     if field is None:
         field = next((x for x in (*inputs, *kwargs.values()) if isinstance(x, NestedTensor) and x._ragged == (0,)), None)
         if field is None:
@@ -308,40 +307,5 @@ def pair_plan_recipe(model: Callable[..., Any], *inputs: Any, field: NestedTenso
         got = f"ragged dims {field._ragged}" if isinstance(field, NestedTensor) else type(field).__name__
         raise ValueError(f"pair_plan_recipe(): field must be tokens (N_i, *static) ragged along dim 0 with host "
                          f"sizes (a collated or from_list batch), got {got}")
-    params = list(model.parameters()) if isinstance(model, torch.nn.Module) else []
-    buffers = list(model.buffers()) if isinstance(model, torch.nn.Module) else []
-    grads = [p.grad for p in params]
-    saved = [b.detach().clone() for b in buffers]
-
-    def run() -> None:
-        with torch.set_grad_enabled(backward):
-            out = model(*inputs, **kwargs)
-            if backward:
-                parts = [(values_of(t) if isinstance(t, NestedTensor) else t).float().sum()
-                         for t in _tensors(out) if t.requires_grad]
-                if parts:
-                    sum(parts).backward()
-
-    dev = field._values.device
-    try:
-        for p in params:
-            p.grad = None
-        with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else [],
-                                   device_type=dev.type if dev.type == "cuda" else "cuda"):
-            return record(run, field._meta.host_sizes[:, 0].clone())
-    finally:
-        with torch.no_grad():
-            for p, g in zip(params, grads):
-                p.grad = g
-            for b, v in zip(buffers, saved):
-                b.copy_(v)
-
-
-def _tensors(out: Any) -> list[Tensor]:
-    if isinstance(out, Tensor):
-        return [out]
-    if isinstance(out, dict):
-        out = list(out.values())
-    if isinstance(out, (list, tuple)):
-        return [t for o in out for t in _tensors(o)]
-    return []
+    run = model_step(model, backward, *inputs, **kwargs)
+    return traceless(model, field._values.device, lambda: record(run, field._meta.host_sizes[:, 0].clone()))
