@@ -27,6 +27,13 @@ samples (the same lineage: the batch it was read from, or anything ops made from
 kept from another batch of as many samples is refused (:func:`check_extent`), naming the
 rewrite.
 
+**Folded batches.** A batch folded from this one (``z.reshape(B * N, N, d)``: sample ``(b, i)``
+is row ``i`` of sample ``b``) has a lineage derived from it (:class:`padless.tensor.lineage.Fold`).
+A size read from the parent applies to it through that relation, every folded sample taking
+its parent sample's size (:func:`for_batch`), as the padded code's ``N`` does
+(``q.view(B * N, N, H, d)``); the reverse (a folded batch's size applied to its parent) is
+refused as sizes of another batch.
+
 **Comparisons.** ``max(h, w)`` and ``min(h, w)`` return one of their operands, so its
 per-sample sizes: right only when every sample orders ``h_i, w_i`` as the envelope does.
 Ordering comparisons (``<``, ``<=``, ``>``, ``>=``) between two extents of one batch check
@@ -46,7 +53,7 @@ import torch
 from torch import Tensor
 
 from padless.tensor.errors import StructureError
-from padless.tensor.lineage import Lineage
+from padless.tensor.lineage import TAKEN_ENTRIES, Fold, Lineage
 
 __all__ = [
     "Extent",
@@ -55,7 +62,10 @@ __all__ = [
     "envelope_size",
     "extent_max",
     "extent_min",
+    "applies_to",
+    "for_batch",
     "per_sample_extents",
+    "sample_columns",
 ]
 
 _MIXED = "mixed"  # the lineage of an extent computed from sizes of two different batches
@@ -296,6 +306,13 @@ class _LazyColumn:
         return tuple(meta.host_sizes[:, self.dim].tolist())
 
 
+def sample_columns(nt: Any) -> tuple[tuple[int, ...], ...]:
+    """Every sample's size along each sample dim, one tuple of host ints per dim (cached on
+    the structure when it has host metadata; one sync otherwise, as :meth:`NestedTensor.host_sizes`)."""
+    cols = _columns(nt._meta)
+    return cols if cols is not None else tuple(tuple(c) for c in nt.host_sizes().T.tolist())
+
+
 def _columns(meta: Any) -> tuple[tuple[int, ...], ...] | None:
     """Every sample's size per sample dim (host ints), cached on the structure; None without
     host metadata."""
@@ -367,6 +384,10 @@ def _foreign(e: Extent, batch: int, lineage: Lineage | None) -> str | None:
     """Why ``e`` cannot give the samples of a batch of ``batch`` samples and lineage
     ``lineage`` their own sizes (None when it can)."""
     if e._batch != batch:
+        if type(lineage) is Fold and e._batch == len(lineage.counts) and lineage.parent is not None:
+            why = _foreign(e, e._batch, lineage.parent)  # this input was folded from a batch of as many samples
+            if why is not None:
+                return f"{why}, not from the one this input of {batch} samples was folded from"
         return f"was read from the shape of a batch of {e._batch} samples, and this input has {batch}"
     if e._lin is _MIXED:
         return "combines sizes read from the shapes of two different batches"
@@ -380,6 +401,53 @@ def _foreign(e: Extent, batch: int, lineage: Lineage | None) -> str | None:
     if e._src is not None and e._src() is None:
         return "was read from the shape of a batch that no longer exists (a size kept from an earlier batch)"
     return None
+
+
+def for_batch(e: Any, target: Any) -> Any:
+    """``e`` as sizes of ``target``'s samples (a NestedTensor, or anything with ``batch_size`` and
+    ``_lineage``): an :class:`Extent` read from a batch that ``target``'s batch was folded from
+    (its lineage a :class:`~padless.tensor.lineage.Fold` of ``e``'s, through one fold or several)
+    becomes an Extent of ``target``'s batch that gives every folded sample ``(b, i)`` parent
+    ``b``'s own size. Anything else is returned as it is (:func:`check_extent` judges it)."""
+    if not isinstance(e, Extent):
+        return e
+    batch, lineage = target_batch(target), getattr(target, "_lineage", None)
+    if _foreign(e, batch, lineage) is None:
+        return e  # target's own batch (or a target of unknown batch: t-extents' rule)
+    node, need, index = lineage, batch, None
+    while type(node) is Fold:
+        if node.total != need:
+            return e  # a sub-batch or a reordering of the folded batch: the relation does not hold
+        up = node.parent_of()
+        index = up if index is None else [up[j] for j in index]
+        need, node = len(node.counts), node.parent
+        if _foreign(e, need, node) is None:  # read from this ancestor (or, unknown, of its size)
+            out = Extent(int(e))
+            out._batch, out._cols, out._lazy, out._src = batch, _taken(lineage, e._values(), node, index), None, None
+            out._lin = weakref.ref(lineage)
+            return out
+    return e
+
+
+def _taken(fold: Fold, cols: tuple[int, ...], ancestor: Any, index: list[int]) -> tuple[int, ...]:
+    """``cols`` (sizes of ``ancestor``'s samples) for every sample of ``fold``'s batch; the last few
+    are kept on the fold (the same parent column is read by every view of one layer)."""
+    key = (id(cols), id(ancestor))
+    hit = fold.taken.get(key)
+    if hit is not None and hit[0] is cols:
+        return hit[1]
+    out = tuple(cols[j] for j in index)
+    fold.taken[key] = (cols, out)
+    while len(fold.taken) > TAKEN_ENTRIES:
+        del fold.taken[next(iter(fold.taken))]
+    return out
+
+
+def applies_to(e: Any, target: Any) -> bool:
+    """Whether the :class:`Extent` ``e`` gives the samples of ``target`` (a NestedTensor, or
+    anything with ``batch_size`` and ``_lineage``) their own sizes as it is (what
+    :func:`check_extent` accepts); True for a plain int."""
+    return not isinstance(e, Extent) or _foreign(e, target_batch(target), getattr(target, "_lineage", None)) is None
 
 
 def check_extent(e: Any, target: Any, op: str, what: str, rewrite: str = "") -> None:
@@ -416,6 +484,7 @@ def per_sample_extents(values: Any, target: Any, op: str, rewrite: str = "") -> 
     columns: list[tuple[int, ...]] = []
     for i, v in enumerate(values):
         if isinstance(v, Extent):
+            v = for_batch(v, target)  # read from the batch target was folded from: each its parent's
             check_extent(v, target, op, f"size[{i}]", rewrite)
             columns.append(v._values())
         else:

@@ -16,27 +16,91 @@ weak reference to it, so keeping a size never keeps a batch alive.
 A NestedTensor made outside both (the output of a compiled region, a gradient) has no
 lineage (``None``): whether a size belongs to it is unknown, and ops accept sizes whose batch
 is still alive there (see :func:`padless.tensor.extents.check_extents`).
+
+**Regroupings.** An op that regroups the samples (a fold of a sample dim into the batch, a
+per-sample repeat along it: :mod:`padless.ops.rows.folds`) makes *another* batch of samples,
+related to its input's: its lineage is a :class:`Fold` of the input's (:func:`derive`), which
+records how many of its samples each parent sample gave. A size read from the parent's shape
+then gives a folded sample ``(b, i)`` parent ``b``'s own size
+(:func:`padless.tensor.extents.for_batch`), and the unfold back rejoins the parent's lineage.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
 
-__all__ = ["Lineage", "inherit", "same_batch", "start"]
+__all__ = ["Fold", "Lineage", "derive", "inherit", "same_batch", "start"]
 
 
 class Lineage:
-    """One batch of samples (an identity only: it holds nothing)."""
+    """One batch of samples (an identity only: it holds nothing but its regroupings' tokens, weakly)."""
 
-    __slots__ = ("__weakref__",)
+    __slots__ = ("__weakref__", "_folds")
 
     def __repr__(self) -> str:
         return f"<batch lineage {id(self):#x}>"
 
     def __reduce__(self):  # unpickled as a new token (shared by everything pickled with it)
         return (Lineage, ())
+
+
+class Fold(Lineage):
+    """A batch of samples regrouped from another: parent sample ``b`` gave ``counts[b]``
+    consecutive samples of this batch (sample ``(b, i)``), in order. ``parent`` is the parent's
+    token (held: a folded batch keeps its parent's identity alive, never its data), or None
+    when the parent's lineage is unknown.
+
+    It also keeps, for the sizes read from its ancestors (:func:`padless.tensor.extents.for_batch`),
+    which parent sample each of its samples came from and the last :data:`TAKEN_ENTRIES` columns of
+    sizes taken through it: host ints, one per sample, as many as the folded batch's own sizes."""
+
+    __slots__ = ("parent", "counts", "total", "_up", "taken")
+
+    def __init__(self, parent: Lineage | None, counts: tuple[int, ...]) -> None:
+        self.parent, self.counts, self.total = parent, counts, sum(counts)
+        self._up: list[int] | None = None
+        self.taken: dict = {}  # (id(ancestor's column), id(ancestor)) -> (column, this batch's column)
+
+    def __repr__(self) -> str:
+        return f"<batch lineage {id(self):#x}: {self.total} samples regrouped from {len(self.counts)} of {self.parent!r}>"
+
+    def parent_of(self) -> list[int]:
+        """For every sample of this batch, the parent sample it came from (computed once)."""
+        if self._up is None:
+            self._up = [b for b, c in enumerate(self.counts) for _ in range(c)]
+        return self._up
+
+
+TAKEN_ENTRIES = 4
+
+
+def derive(parent: Lineage | None, counts: Any) -> Fold:
+    """The lineage of a regrouping of ``parent``'s samples, ``counts[b]`` samples from parent
+    sample ``b`` (host ints). Two regroupings of one batch with the same counts are one batch of
+    samples (``z`` folded row by row and ``bias`` repeated once per row of its sample: sample
+    ``(b, i)`` of both), so they share a token."""
+    counts = tuple(int(c) for c in counts)
+    if parent is None:
+        return Fold(None, counts)
+    try:
+        folds = parent._folds
+    except AttributeError:
+        folds = parent._folds = weakref.WeakValueDictionary()
+    token = folds.get(counts)
+    if token is None:
+        token = folds[counts] = Fold(parent, counts)
+    return token
+
+
+def _regrouped(have: Any, token: Any) -> bool:
+    """``have`` (an op's output's lineage, set by the op) is a regrouping of ``token`` (its
+    input's) or what ``token`` was regrouped from (an unfold): the op's own answer stands."""
+    if have is None or have is token:
+        return False
+    return (type(have) is Fold and have.parent is token) or (type(token) is Fold and token.parent is have)
 
 
 def start(*nts: Any) -> Lineage:
@@ -94,7 +158,8 @@ def _first(args: Any, cls: type) -> Any:
 
 
 def inherit(out: Any, args: tuple, kwargs: dict, cls: type) -> Any:
-    """``out`` (an op's result) given the lineage of the op's first NestedTensor input."""
+    """``out`` (an op's result) given the lineage of the op's first NestedTensor input, unless the
+    op regrouped the samples and gave it the lineage of the regrouping (:func:`derive`)."""
     t = type(out)
     if t is tuple or t is list:
         for o in out:
@@ -114,8 +179,8 @@ def inherit(out: Any, args: tuple, kwargs: dict, cls: type) -> Any:
     token = src._lineage
     if t is tuple or t is list:
         for o in out:
-            if isinstance(o, cls) and o is not src:
+            if isinstance(o, cls) and o is not src and not _regrouped(o._lineage, token):
                 o._lineage = token
-    elif out is not src:
+    elif out is not src and not _regrouped(out._lineage, token):
         out._lineage = token
     return out

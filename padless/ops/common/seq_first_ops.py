@@ -246,7 +246,8 @@ def _view(name: str, args: tuple, kwargs: dict, view_type: type, wrap: Callable)
                     f"{name}(): {tuple(shape)} of a sequence-first view of {batch} samples regroups them into "
                     f"{b} samples of {k}, which needs a batch folded from {b} samples: {e}"
                 ) from None
-            return wrap(method(grouped.transpose(1, 2), b, t, *rest))
+            grouped = grouped.transpose(1, 2)  # (B, T, H, ...): its time dim is its own (t is the folded batch's)
+            return wrap(method(grouped, b, grouped.shape[1], *rest))
     raise StructureError(
         f"{name}(): the sequence-first view has envelope {tuple(x.shape)}; it can be viewed as (T, B, ...) "
         "(each row reshaped), (T, B * H, d) (heads folded into the batch) or back to (T, B, E) from such a fold. "

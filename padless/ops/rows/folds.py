@@ -28,6 +28,11 @@ keeps the rows (linear, norms, attention, transposes, static reshapes), so the u
 product, ``softmax(q @ k^T) @ v``), sizes read from the parent's shape (``N = z.shape[1]``,
 an :class:`~padless.tensor.extents.Extent`) give each parent sample its own count. An unfold
 target that matches neither is refused, naming the rewrite.
+
+A fold (and a per-sample repeat) also gives its output a lineage derived from its input's
+(:class:`padless.tensor.lineage.Fold`): sizes read from the parent's shape then apply to the
+folded batch, sample ``(b, i)`` taking parent ``b``'s size (``q.view(B * N, N, H, d)``), sizes
+of any other batch are refused, and the unfold back rejoins the parent's lineage.
 """
 
 from __future__ import annotations
@@ -49,7 +54,8 @@ from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import ROW_LEVEL_KEYS, NestedTensor, StructureMeta, _is_traced
 from padless.tensor.errors import StructureError
-from padless.tensor.extents import Extent
+from padless.tensor import lineage
+from padless.tensor.extents import Extent, applies_to, check_extent, for_batch
 
 __all__ = ["FoldLink", "fold", "fold_link", "unfold", "fold_reshape", "unfold_reshape", "repeat_batch", "expand_extents"]
 
@@ -165,11 +171,27 @@ def fold(nt: NestedTensor, op: str = "fold") -> NestedTensor:
     if nt.sample_dim < 1:
         raise StructureError(f"{op}(): samples have no dim to fold into the batch")
     traced = _traced(nt)
+    parent = None if traced else nt._lineage
     if 0 in nt._ragged:
         if nt._ragged[0] != 0:  # (N_i, M_i) stored as (1, 0): bring dim 0 first (one gather)
             nt = relayout(nt, (0, *[r for r in nt._ragged if r != 0]))
-        return folds_traced.fold_ragged(nt, FoldLink, _KEY) if traced else _fold_ragged(nt, op)
-    return folds_traced.fold_static(nt, FoldLink, _KEY) if traced else _fold_static(nt, op)
+        if traced:
+            return folds_traced.fold_ragged(nt, FoldLink, _KEY)
+        out = _fold_ragged(nt, op)
+    elif traced:
+        return folds_traced.fold_static(nt, FoldLink, _KEY)
+    else:
+        out = _fold_static(nt, op)
+    return _regrouped(out, parent, out._meta.derived[_KEY].counts)
+
+
+def _regrouped(out: NestedTensor, parent: Any, counts: Sequence[int]) -> NestedTensor:
+    """``out`` made another batch of samples, ``counts[b]`` of them from parent sample ``b``: its
+    lineage is derived from the parent's, so sizes read from the parent's shape give every sample
+    its parent sample's size (:func:`padless.tensor.extents.for_batch`)."""
+    if not torch.compiler.is_compiling():
+        out._lineage = lineage.derive(parent, counts)
+    return out
 
 
 def _traced(nt: NestedTensor) -> bool:
@@ -280,11 +302,16 @@ def unfold(nt: NestedTensor, counts: Sequence[int], kind: str, op: str = "unfold
         new_ho = torch.cat([ho[starts], ho[-1:]]) if len(counts) else ho[-1:]
         ragged = (0, *[r + 1 for r in nt._ragged])
         env = [int(new_hs[:, 0].max()) if len(counts) else 0, *nt._env]
-        return nested_from_values(values_of(nt), _to(new_ho, nt), _to(new_hs, nt), ragged, env, StructureMeta(new_hs, new_ho))
-    h = counts[0] if counts else 0
-    if any(k != h for k in counts):
-        raise StructureError(f"{op}(): a static dim needs the same count in every group, got {tuple(counts)}")
-    return _unfold_static(nt, new_hs, ho, h, op)
+        out = nested_from_values(values_of(nt), _to(new_ho, nt), _to(new_hs, nt), ragged, env, StructureMeta(new_hs, new_ho))
+    else:
+        h = counts[0] if counts else 0
+        if any(k != h for k in counts):
+            raise StructureError(f"{op}(): a static dim needs the same count in every group, got {tuple(counts)}")
+        out = _unfold_static(nt, new_hs, ho, h, op)
+    folded = nt._lineage
+    if type(folded) is lineage.Fold and folded.parent is not None and folded.counts == tuple(counts):
+        out._lineage = folded.parent  # the very regrouping undone: the parent's samples again
+    return out
 
 
 def _unfold_static(nt: NestedTensor, new_hs: Tensor, ho: Tensor, h: int, op: str) -> NestedTensor:
@@ -315,12 +342,19 @@ def _unfold_static(nt: NestedTensor, new_hs: Tensor, ho: Tensor, h: int, op: str
 
 
 def _rest_reshape(nt: NestedTensor, rest: Sequence[Any], op: str) -> NestedTensor:
-    """``nt`` reshaped to ``(its batch, *rest)`` as plain ints (the dims inside every sample)."""
-    target = [nt.batch_size, *[int(e) if isinstance(e, Extent) else e for e in rest]]
-    if len(target) == nt.dim() and all(folds_traced.same(a, t) for a, t in zip(nt.shape, target)):
+    """``nt`` reshaped to ``(its batch, *rest)`` (the dims inside every sample). Sizes read from a
+    shape stay: read from the batch ``nt`` was folded from, they give every folded sample its
+    parent sample's size (:func:`padless.tensor.extents.for_batch`)."""
+    target = [nt.batch_size, *rest]
+    if not any(isinstance(e, Extent) for e in rest) and len(target) == nt.dim() and all(
+        folds_traced.same(a, t) for a, t in zip(nt.shape, target)
+    ):
         return nt
     func = torch.Tensor.view if op == "view" else torch.Tensor.reshape
-    return call(func, nt, target)
+    out = call(func, nt, target)
+    if out is not nt and out._lineage is None and not torch.compiler.is_compiling():
+        out._lineage = nt._lineage  # the same samples (call() runs the handler without the lineage's inherit)
+    return out
 
 
 def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor | None:
@@ -361,21 +395,22 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
     if not all(isinstance(e, (int, torch.SymInt)) and not isinstance(e, bool) for e in (lead, n)):
         return None
     if folds_traced.same(lead, nt.batch_size):
-        return None  # the batch stays: a reshape inside every sample (B == sum N_i only when every N_i is 1)
+        if isinstance(lead, Extent) or not _names_parent(nt, n):  # B * N names the folded batch, B the parent
+            return None  # the batch stays: a reshape inside every sample
+        # B == sum N_i (samples (2, 2) and (0, 0)): N read from the parent names the unfold; the
+        # reading inside every sample, (N_b, *rest) of a folded sample (*rest), fits only where
+        # the unfold does not (some N_b >= 2), so the unfold is tried first
+        try:
+            return _unfold_by_extent(nt, raw, op)
+        except StructureError:
+            return None
     own = nt._meta.derived.get(_KEY)
     if _traced(nt):
         if own is None or not (folds_traced.same(lead, own.batch_size) and folds_traced.same(n, own.extent)):
             return None
         return folds_traced.unfold(_rest_reshape(nt, raw[2:], op), own)
     if isinstance(n, Extent) and n.batch_size == lead:
-        counts = n.per_sample()  # sizes read from the parent's shape: each parent its own count
-        if sum(counts) != nt.batch_size:
-            raise StructureError(
-                f"{op}(): {_fmt(raw)} regroups this batch of {nt.batch_size} samples into {lead} samples of "
-                f"{tuple(counts)} each (sizes read from a shape), which hold {sum(counts)} samples"
-            )
-        kinds = {k.kind for k in links(nt) if list(k.counts) == counts}
-        return _unfold_target(nt, counts, "static" if kinds == {"static"} else "ragged", raw, op)
+        return _unfold_by_extent(nt, raw, op)
     found = [k for k in links(nt) if k.batch_size == lead and k.extent == n]
     if len(found) == 1:
         return _unfold_target(nt, list(found[0].counts), found[0].kind, raw, op)
@@ -393,6 +428,47 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
             "size read from the batch's shape)"
         )
     return None
+
+
+def _unfold_by_extent(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor:
+    """The unfold to ``(B, n, *rest)`` with ``n`` read from the shape of the batch ``nt`` was
+    folded from: parent sample ``b`` regroups ``n_b`` samples."""
+    lead, n = raw[0], raw[1]
+    counts = n.per_sample()  # sizes read from the parent's shape: each parent its own count
+    if sum(counts) != nt.batch_size:
+        raise StructureError(
+            f"{op}(): {_fmt(raw)} regroups this batch of {nt.batch_size} samples into {lead} samples of "
+            f"{tuple(counts)} each (sizes read from a shape), which hold {sum(counts)} samples"
+        )
+    kinds = {k.kind for k in links(nt) if list(k.counts) == counts}
+    out = _unfold_target(nt, counts, "static" if kinds == {"static"} else "ragged", raw, op)
+    # n must be the parent's, not another batch's whose counts fit by chance (after the checks
+    # above, whose messages say what is wrong with the counts themselves)
+    check_extent(n, _Parent(lead, nt), op, "shape[1]", rewrite=_PARENT_REWRITE)
+    return out
+
+
+def _names_parent(nt: NestedTensor, n: Any) -> bool:
+    """``n`` was read from the batch ``nt`` was folded from (not from ``nt``'s own batch, of as
+    many samples), and regroups its samples otherwise than one by one."""
+    own = nt._lineage
+    return (isinstance(n, Extent) and type(own) is lineage.Fold and own.total == nt.batch_size and own.parent is not None
+            and not applies_to(n, nt) and applies_to(n, _Parent(n.batch_size, nt))
+            and any(c != 1 for c in n.per_sample()))
+
+
+_PARENT_REWRITE = " that was folded (N = z.shape[1] before z.reshape(B * N, N, d))"
+
+
+class _Parent:
+    """What a size naming the unfold of ``nt`` into ``batch_size`` samples must come from: the
+    batch ``nt`` was folded from (its lineage's parent), or, for a batch that was not folded,
+    ``nt``'s own batch (then a size of another batch is refused)."""
+
+    def __init__(self, batch_size: int, nt: NestedTensor) -> None:
+        own = nt._lineage
+        self.batch_size = batch_size
+        self._lineage = own.parent if type(own) is lineage.Fold else own
 
 
 def _unfold_target(nt: NestedTensor, counts: list[int], kind: str, raw: Sequence[Any], op: str) -> NestedTensor:
@@ -415,12 +491,14 @@ def repeat_batch(nt: NestedTensor, repeats: Any, op: str = "repeat_interleave") 
     if _traced(nt):
         raise folds_traced.refuse(op, "repeating every sample along the batch dim")
     if isinstance(repeats, Extent):
+        repeats = for_batch(repeats, nt)  # read from the batch nt was folded from: each folded sample its parent's
         if repeats.batch_size != b:
             raise StructureError(
                 f"{op}(): repeats = {int(repeats)} was read from the shape of a batch of {repeats.batch_size} samples "
                 f"and this batch has {b}; a size read from a shape repeats every sample by its own size. "
                 f"Pass int(...) to repeat every sample {int(repeats)} times"
             )
+        check_extent(repeats, nt, op, "repeats", rewrite=" (N = x.shape[1])")
         counts = repeats.per_sample()
     elif isinstance(repeats, Tensor):
         if repeats.dim() == 0:
@@ -446,7 +524,8 @@ def repeat_batch(nt: NestedTensor, repeats: Any, op: str = "repeat_interleave") 
     env = list(nt._env)
     for r in nt._ragged:
         env[r] = int(new_hs[:, r].max()) if s else 0
-    return nested_from_values(vals, _to(new_ho, nt), _to(new_hs, nt), nt._ragged, env, StructureMeta(new_hs, new_ho))
+    out = nested_from_values(vals, _to(new_ho, nt), _to(new_hs, nt), nt._ragged, env, StructureMeta(new_hs, new_ho))
+    return _regrouped(out, nt._lineage, counts)  # sample (b, r) of bias.repeat_interleave(N) is sample (b, i) of a fold
 
 
 def expand_extents(nt: NestedTensor, target: Sequence[Any], op: str = "expand") -> NestedTensor | None:
@@ -459,6 +538,8 @@ def expand_extents(nt: NestedTensor, target: Sequence[Any], op: str = "expand") 
            and int(nt._env[p]) == 1 and t.batch_size == nt.batch_size]
     if not new:
         return None
+    for p in new:
+        check_extent(target[p + 1], nt, op, f"size[{p + 1}]")  # of this batch, not of another of as many samples
     hs, ho = host_structure(nt, op)
     hs = hs.clone()
     for p in new:

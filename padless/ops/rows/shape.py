@@ -38,7 +38,7 @@ from padless.ops.common.host import from_host_structure, host_structure, int_ent
 from padless.ops.rows import folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
 from padless.ops.rows.shape_ragged import reshape_by_extents, reshape_ragged, split_ragged
-from padless.tensor.extents import Extent
+from padless.tensor.extents import Extent, for_batch
 from padless.tensor.views import as_view, put_view, writes_matter
 from padless.ops.rows.windows import take_windows
 from padless.tensor.registry import implements, lend
@@ -79,11 +79,21 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
     unfolded = folds.unfold_reshape(nt, raw, op)  # (b i) j d -> b i j d (padless.ops.rows.folds)
     if unfolded is not None:
         return unfolded
+    # sizes read from the batch this one was folded from: each folded sample its parent's (q.view(B * N, N, H, d))
+    raw = raw[:1] + [for_batch(e, nt) for e in raw[1:]]
     target = int_entries(op, "shape", raw)
     if any(type(e) is Extent for e in raw):  # sizes read from a shape stay: each sample's own
         target = [e if type(e) is Extent else t for e, t in zip(raw, target)]
     if any(type(e) is Extent for e in target):
-        out = reshape_by_extents(nt, target, op, lambda dims: _reshape_static(nt, dims, op), trusted)
+        try:
+            out = reshape_by_extents(nt, target, op, lambda dims: _reshape_static(nt, dims, op), trusted)
+        except StructureError:
+            # (-1, N, d) of (N_i, N_i, d) samples: no sample holds N_i * d elements, so the -1 is not
+            # the batch but the fold (z.reshape(-1, N, d), as the dense code reads it)
+            folded = folds.fold_reshape(nt, raw, op) if target[0] == -1 else None
+            if folded is None:
+                raise
+            return folded
         if out is not None:
             return out
     try:
@@ -224,6 +234,7 @@ def unflatten(func, nt: NestedTensor, dim: int, sizes: Sequence[int]) -> NestedT
         if out is not None:
             return out
     p = sample_dim(nt, dim, "unflatten")
+    sizes = [for_batch(s, nt) for s in sizes]  # read from the batch this one was folded from: each its parent's
     if p in nt._ragged and any(isinstance(s, Extent) for s in sizes):
         return split_ragged(nt, p, list(sizes), "unflatten")
     if p in nt._ragged:
@@ -249,6 +260,7 @@ def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTens
     """Expand static dims of extent 1 (a stride-0 view of ``values``). ``-1`` keeps a dim;
     the batch dim and ragged dims must be ``-1`` or their current extent."""
     raw = shape_arg(sizes)
+    raw = raw[:1] + [for_batch(e, nt) for e in raw[1:]]  # read from the batch this one was folded from
     grown = folds.expand_extents(nt, raw)  # a static 1 expanded to sizes read from a shape: a new ragged dim
     if grown is not None:
         return grown

@@ -32,7 +32,7 @@ from padless.tensor import layout
 from padless.tensor.autograd import values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
-from padless.tensor.extents import Extent, check_extent
+from padless.tensor.extents import Extent, check_extent, sample_columns
 
 __all__ = ["reshape_by_extents", "reshape_ragged", "split_ragged"]
 
@@ -160,13 +160,15 @@ def reshape_by_extents(nt: NestedTensor, target: list[Any], op: str, static_path
             check_extent(e, nt, op, f"shape[{j + 1}]")
         elif isinstance(e, Extent) and e.batch_size != b:
             return None
-    cols = [e._values() if isinstance(e, Extent) else (e,) * b for e in rest]
-    want = [[c[i] for c in cols] for i in range(b)]  # -1: inferred (one per target)
-    hs = host_structure(nt, op)[0]
+    cols = [e._values() if isinstance(e, Extent) else (e,) * b for e in rest]  # per target dim; -1: inferred
+    host_structure(nt, op)  # refused under torch.compile (sizes are runtime data there)
 
-    def fits(got: list[list[int]]) -> bool:
-        return len(got) == b and all(
-            len(g) == len(w) and all(t == -1 or t == n for t, n in zip(w, g)) for g, w in zip(got, want)
+    def fits(got: list[tuple[int, ...]]) -> bool:
+        """Every sample's shape (``got``: one column per dim, host ints) is its target shape.
+        Column by column: a folded batch has sum N_i samples, so no Python loop per sample
+        where the columns are equal (a tuple comparison)."""
+        return len(got) == len(cols) and all(
+            w == g or (len(w) == len(g) == b and all(t == -1 or t == n for t, n in zip(w, g))) for w, g in zip(cols, got)
         )
 
     try:
@@ -174,17 +176,17 @@ def reshape_by_extents(nt: NestedTensor, target: list[Any], op: str, static_path
     except StructureError:
         dims = None
     if dims is not None:
-        rows = hs.tolist()
-        if fits([[row[n] if kind == RAGGED else n for kind, n in dims] for row in rows]):
+        own = sample_columns(nt)
+        if fits([own[n] if kind == RAGGED else (n,) * b for kind, n in dims]):
             return static_path(dims)
     out = reshape_ragged(nt, target, op, reinterpreting=False)
-    if out is not None and fits(out.host_sizes().tolist()):
+    if out is not None and fits(sample_columns(out)):
         return out
     if op == "reshape":
         out = reinterpret(nt, rest, op)
         if out is not None:
             return out
-    shapes = ", ".join(f"sample {i}: {tuple(w)}" for i, w in enumerate(want[:3]))
+    shapes = ", ".join(f"sample {i}: {tuple(c[i] for c in cols)}" for i in range(min(b, 3)))
     raise StructureError(
         f"{op}(): the target {tuple(int(e) for e in target)} holds sizes read from a shape, which give every sample "
         f"its own shape ({shapes}{', ...' if b > 3 else ''}); reading each sample in its shape moves its elements "
