@@ -16,7 +16,7 @@ from __future__ import annotations
 from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
-from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_EXTENT_BOUND, WINDOW_INPLACE, WINDOW_SETITEM
+from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
 
 # case-level tags: set when a failure goes away, or changes, with that mode off (padless.testing.fuzz.run.judge)
 INFERENCE_MODE = "inference_mode"
@@ -34,9 +34,6 @@ KNOWN_BUGS: dict[str, str] = {
     "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
     "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
     "bias.add_(1)) fails the backward with autograd's version error; dense eager keeps no bias there",
-    WINDOW_EXTENT_BOUND: "found by this fuzzer (not in issue 39): a window bound computed from an extent, "
-    "x[:, :x.shape[1] - 1], is read as the envelope's int (each sample keeps L - 1 rows, clamped) "
-    "instead of each sample's own L_i - 1",
 }
 
 KNOWN_GAPS: dict[str, str] = {
