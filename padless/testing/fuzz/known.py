@@ -23,9 +23,6 @@ INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    RESHAPE_PLAIN: "found by this fuzzer (not in issue 39): a reshape target of plain ints (and -1) that happens "
-    "to equal the envelope is taken for the identity: (L_i, 2) samples with envelope (2, 2), "
-    "x.reshape(B, 2, -1), keep their shape instead of each becoming (2, L_i)",
     PACKED_ROWS: "found by this fuzzer (not in issue 39): x.reshape(-1, C) of a batch whose envelope is "
     "(B, 1, C) is read as reshape(B, ...) (a NestedTensor) instead of the packed rows",
     EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
