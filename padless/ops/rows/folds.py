@@ -373,6 +373,15 @@ def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor 
             return None
     elif not folds_traced.same(lead, b * n):
         return None
+    elif type(lead) is int and type(n) is int and n == 1 and 0 in nt._ragged:
+        # B * 1 == B: folding a ragged dim of envelope 1 or keeping the batch (each sample's own
+        # reshape, x[i].reshape(*rest)); x.flatten(0, 1) says "fold"
+        raise StructureError(
+            f"{op}(): target {_fmt(raw)} is ambiguous for a NestedTensor of envelope {tuple(nt.shape)}: its first "
+            f"entry {lead} is both the batch size and batch * envelope of ragged dim 1 (which is 1), so it may fold "
+            f"dim 1 into the batch or keep the batch. Write the fold as x.flatten(0, 1) (then {op} the folded batch), "
+            "or reshape each sample alone (x.unbind()) to keep the batch"
+        )
     folded = fold(nt, op)
     try:
         return _rest_reshape(folded, raw[1:], op)

@@ -115,7 +115,34 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
         flat = flatten_rows(nt, target, op)
         if flat is not None:
             return flat
+    _refuse_plain_ambiguity(nt, target, dims, op)
     return _reshape_static(nt, dims, op)
+
+
+def _refuse_plain_ambiguity(nt: NestedTensor, target: list, dims: list, op: str) -> None:
+    """Refuse a target that keeps a ragged dim by a plain int equal to its envelope while a
+    ``-1`` sits at a static dim: ``x.reshape(B, 2, -1)`` of ``(L_i, 2)`` samples whose envelope
+    is ``(2, 2)``. Read on the padded envelope, the 2 keeps ``L_i`` (the identity); read on
+    each sample alone, the 2 is a fixed size and the ``-1`` absorbs ``L_i`` (``(2, L_i)``).
+    Sizes read from the shape (:class:`~padless.tensor.extents.Extent`) say which one."""
+    pairs = list(zip(dims, target[1:]))
+    kept = [(j, p, e) for j, ((kind, p), e) in enumerate(pairs) if kind == RAGGED and type(e) is int and e != -1]
+    inferred = [j for j, ((kind, _), e) in enumerate(pairs) if kind == STATIC and type(e) is int and e == -1]
+    if not kept or not inferred:
+        return
+    j, p, e = kept[0]
+    keep = list(target)
+    keep[j + 1] = f"x.shape[{p + 1}]"
+    alone = list(target)
+    alone[inferred[0] + 1] = f"x.shape[{p + 1}]"
+    raise StructureError(
+        f"{op}(): target {tuple(target)} is ambiguous for a NestedTensor of envelope {tuple(nt.shape)} (ragged "
+        f"outer dims {tuple(r + 1 for r in nt.ragged_dims)}): read on the padded envelope, {e} at dim {j + 1} keeps "
+        f"ragged dim {p + 1} (every sample its own size) and -1 is static; read on each sample alone, {e} is a "
+        f"fixed size and -1 absorbs the ragged dim. Read the size from the shape, which resolves per sample: "
+        f"{op}({', '.join(map(str, keep))}) keeps the ragged dim, {op}({', '.join(map(str, alone))}) is each "
+        "sample's own reshape"
+    )
 
 
 def _reshape_static(nt: NestedTensor, dims: list, op: str) -> NestedTensor:

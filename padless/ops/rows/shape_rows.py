@@ -34,6 +34,7 @@ from padless.tensor.convert import select_samples
 from padless.tensor.core import NestedTensor, StructureMeta, _fmt_shape, _is_traced, check_same_structure
 from padless.tensor.registry import implements
 from padless.tensor.errors import StructureError
+from padless.tensor.extents import Extent, check_extent
 from padless.tensor.traced import traced_max, traced_sum
 
 
@@ -54,6 +55,8 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
     gathered into new rows; a sample too short for the window raises, naming it.
     """
     o = outer_dim(nt, dim, "narrow")
+    if (isinstance(start, Extent) or isinstance(length, Extent)) and o - 1 in nt._ragged:
+        return _narrow_per_sample(nt, o - 1, start, length)
     start, length = _host_int("narrow", "start", start), _host_int("narrow", "length", length)
     if length < 0:
         raise ValueError(f"narrow(): length must be non-negative, got {length}")
@@ -80,6 +83,32 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
             f"start={start}, length={length}"
         )
     rows, out_hs, out_ho = window_rows(nt, hs, ho, p, s, length)
+    return as_view(from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho), nt, put_rows(rows))
+
+
+def _narrow_per_sample(nt: NestedTensor, p: int, start: Any, length: Any) -> NestedTensor:
+    """``narrow`` of ragged dim ``p`` with a start or length read from the batch's shape
+    (``x.narrow(1, 0, x.shape[1] - 1)``): every sample's own window, as ``narrow`` on that
+    sample alone (a negative start counts from its end; a window past it raises, naming it)."""
+    hs, ho = host_structure(nt, "narrow")
+    n = hs[:, p]
+
+    def column(x: Any, what: str) -> Tensor:
+        if isinstance(x, Extent):
+            check_extent(x, nt, "narrow", what, " (x.narrow(1, 0, x.shape[1] - 1))")
+            return torch.tensor(x.per_sample(), dtype=torch.int64)
+        return torch.full_like(n, _host_int("narrow", what, x))
+
+    s0, length_i = column(start, "start"), column(length, "length")
+    s = torch.where(s0 < 0, n + s0, s0)
+    bad = ((s0 < -n) | (s0 > n) | (length_i < 0) | (s + length_i > n)).nonzero()
+    if len(bad):
+        i = int(bad[0, 0])
+        raise IndexError(
+            f"narrow(): sample {i} has size {int(n[i])} along dim {p + 1}, too short for its window "
+            f"start={int(s0[i])}, length={int(length_i[i])} (its own values of the sizes read from the shape)"
+        )
+    rows, out_hs, out_ho = window_rows(nt, hs, ho, p, s, length_i)
     return as_view(from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho), nt, put_rows(rows))
 
 

@@ -16,16 +16,13 @@ from __future__ import annotations
 from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
-from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_EXTENT_BOUND, WINDOW_INPLACE, WINDOW_SETITEM
+from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
 
 # case-level tags: set when a failure goes away, or changes, with that mode off (padless.testing.fuzz.run.judge)
 INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    RESHAPE_PLAIN: "found by this fuzzer (not in issue 39): a reshape target of plain ints (and -1) that happens "
-    "to equal the envelope is taken for the identity: (L_i, 2) samples with envelope (2, 2), "
-    "x.reshape(B, 2, -1), keep their shape instead of each becoming (2, L_i)",
     PACKED_ROWS: "found by this fuzzer (not in issue 39): x.reshape(-1, C) of a batch whose envelope is "
     "(B, 1, C) is read as reshape(B, ...) (a NestedTensor) instead of the packed rows",
     EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
@@ -34,9 +31,6 @@ KNOWN_BUGS: dict[str, str] = {
     "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
     "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
     "bias.add_(1)) fails the backward with autograd's version error; dense eager keeps no bias there",
-    WINDOW_EXTENT_BOUND: "found by this fuzzer (not in issue 39): a window bound computed from an extent, "
-    "x[:, :x.shape[1] - 1], is read as the envelope's int (each sample keeps L - 1 rows, clamped) "
-    "instead of each sample's own L_i - 1",
 }
 
 KNOWN_GAPS: dict[str, str] = {
