@@ -23,10 +23,11 @@ INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    PACKED_ROWS: "found by this fuzzer (not in issue 39): x.reshape(-1, C) of a batch whose envelope is "
-    "(B, 1, C) is read as reshape(B, ...) (a NestedTensor) instead of the packed rows",
+    PACKED_ROWS: "found by this fuzzer (not in issue 39): packed rows widened to n != C columns, then "
+    ".reshape(x.shape), fall through to a plain dense reshape when the element counts happen to match, "
+    "instead of refusing the mismatch per sample (padless/ops/rows/packed_rows.py)",
     EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
-    "are all empty ((H, 0, D) each) raises index_select(): self indexing axis dim should be positive",
+    "are all empty ((H, 0, D) each) raises (a ZeroDivisionError) where dense gives the empty result",
     SCORES_OPERAND_WRITE: "found by this fuzzer (not in issue 39): softmax(q @ k^T + bias) @ v with a dense bias that "
     "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
     "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
