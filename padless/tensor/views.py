@@ -70,6 +70,9 @@ class NestedView(NestedTensor):
         return super().__torch_function__(func, types, args, kwargs)
 
 
+_GRAD_CALLS = (torch.autograd.grad, torch.autograd.backward, Tensor.backward)
+
+
 class DenseView(Tensor):
     """A dense view of a NestedTensor (position ``k`` of every sample, ``x[:, k]``; a sample,
     ``x[i]``): in-place ops on it write through to the NestedTensor (module docstring). Every
@@ -78,6 +81,8 @@ class DenseView(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in _GRAD_CALLS and any(issubclass(t, NestedTensor) for t in types):
+            return NotImplemented  # NestedTensor answers gradients of its intermediates (tensor.grad_rows)
         if args and type(args[0]) is DenseView and _may_write(func, args, kwargs):
             return write_through(args[0], func, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():

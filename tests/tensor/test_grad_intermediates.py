@@ -244,3 +244,22 @@ def test_one_sample_batch():
     y = padless.from_list([r]).requires_grad_() * 2
     (g,) = torch.autograd.grad(y.tanh().sum(), [y])
     _check(g, [1 - (2 * r).tanh() ** 2])
+
+
+def test_gradient_of_an_intermediate_read_through_a_position():
+    """``x[:, -1]`` of an intermediate is a dense view: ``autograd.grad(view, [h])`` still reaches
+    ``h`` (found by the fuzzer's long run: the view answered the call without NestedTensor)."""
+    torch.manual_seed(0)
+    xs = [torch.randn(1, 2, dtype=torch.float64), torch.randn(5, 2, dtype=torch.float64)]
+    lin = torch.nn.Linear(2, 3).double()
+    x = padless.from_list(xs, requires_grad=True)
+    h = lin(x.tanh())
+    y = h[:, -1]
+    cot = torch.randn(2, 3, dtype=torch.float64)
+    gx, gh = torch.autograd.grad(y, [x, h], cot)
+    for i, xi in enumerate(xs):
+        xi = xi.clone().requires_grad_()
+        hi = lin(xi.tanh())
+        want_x, want_h = torch.autograd.grad(hi[-1], [xi, hi], cot[i])
+        torch.testing.assert_close(gh.unbind()[i], want_h)
+        torch.testing.assert_close(gx.unbind()[i], want_x)

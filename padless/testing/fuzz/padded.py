@@ -85,7 +85,11 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                 lead = d.dim() - d_n
                 d = d[(slice(None),) * lead + tuple(slice(0, t.shape[o + j]) if d.shape[lead + j] != 1 else slice(None)
                                                     for j in range(d_n))]
-            return o.at(d, t.shape[o:])
+            r = o.at(d, t.shape[o:])
+            # a bool mask the dense op saves for its backward: the reference snapshots it, as the
+            # padded read does (a .data write between the two reads would otherwise change what the
+            # dense backward reads, torch's own undefined behaviour for a saved tensor)
+            return r.clone() if boolean and not o else r
 
         def use(t, o, v, k):
             if kind == "add":
