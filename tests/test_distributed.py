@@ -30,15 +30,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     return [torch.load(tmp / f"rank{r}.pt", weights_only=False) for r in range(2)]
 
 
-FSDP2_GRADIENTS = pytest.mark.xfail(
-    strict=True,
-    reason="known bug (docs/limits.md#scaling-out): since gradients of intermediate NestedTensors are read on "
-    "their rows (padless.tensor.grad_rows), FSDP2's hooks on a NestedTensor output leave every parameter's "
-    "gradient 1.0-1.4x off; DDP is exact",
-)
-
-
-@pytest.mark.parametrize("kind", ["ddp", pytest.param("fsdp", marks=FSDP2_GRADIENTS)])
+@pytest.mark.parametrize("kind", ["ddp", "fsdp"])
 def test_gradients_equal_single_process_on_the_union(ranks, kind):
     if kind not in ranks[0]["grads"]:
         pytest.skip(f"FSDP2 did not run here: {ranks[0].get('fsdp_error')}")

@@ -516,6 +516,7 @@ def values_of(nt: NestedTensor) -> Tensor:
     if nt.requires_grad and torch.is_grad_enabled():
         hit = nt.__dict__.get("_grad_rows")  # its rows, unchanged, nobody watching nt's gradient
         if hit is not None and hit[1] == nt._values._version and not nt.retains_grad and not nt._backward_hooks:
+            nt.__dict__["_rows_taken"] = True  # a consumer reads the rows, not nt (tensor.grad_rows)
             return hit[0]  # (tensor.autograd._with_history)
         return _apply(_ValuesView, nt)
     return nt._values
