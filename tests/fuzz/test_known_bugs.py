@@ -29,6 +29,7 @@ TARGETS = {
     "packed_rows": ({"rows"}, "tokens", {"no_grad"}),
     "view_reinterpret": ({"reshape"}, "images", {"no_grad"}),
     "images_transposed": ({"basic", "interpolate", "batch_dense"}, "images", {"no_grad"}),
+    "flatten_transposed": ({"basic", "reshape"}, "images", {"no_grad"}),
 }
 
 TRIES = 400

@@ -14,7 +14,7 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 from __future__ import annotations
 
 from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
-from padless.testing.fuzz.shapes import EXTENT_MINMAX, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
+from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
 
@@ -35,6 +35,10 @@ KNOWN_BUGS: dict[str, str] = {
 }
 
 KNOWN_GAPS: dict[str, str] = {
+    EXTENT_MINMAX: "documented (docs/tensor.md, envelope extents; issue 39 #2): max()/min() of sizes read from one "
+    "batch's shape whose order differs between samples is refused, naming padless.extent_max / extent_min",
+    FLATTEN_TRANSPOSED: "documented (docs/limits.md, ops): flatten() of two ragged dims stored in the other order "
+    "(after a transpose) is refused: their elements are not adjacent in each sample's rows; .contiguous() first",
     STACK_WRITE: "documented (docs/tokens.md, stacking): torch.stack of NestedTensors keeps copy semantics "
     "without copying: a StackedBatch whose member was written in place after stacking refuses every use, "
     "naming the fix (stack after the write, or stack clones)",

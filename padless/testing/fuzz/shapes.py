@@ -25,6 +25,7 @@ VIEW_REINTERPRET = "view_reinterpret"
 RESHAPE_PLAIN = "reshape_plain"
 PACKED_ROWS = "packed_rows"
 EXTENT_MINMAX = "extent_minmax"
+FLATTEN_TRANSPOSED = "flatten_transposed"
 
 
 def _prod(xs: list[Any]) -> Any:
@@ -124,6 +125,8 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
             back = c.choice(["reshape", "view", "unflatten"]) if transpose_back else "reshape"
             by_size = c.choice([False, True])
             tags = {RESHAPE_EXTENTS} | ({VIEW_REINTERPRET} if back == "view" else set())
+            if q in ragged and q + 1 in ragged and list(x.storage_order).index(q) > list(x.storage_order).index(q + 1):
+                tags.add(FLATTEN_TRANSPOSED)  # two ragged dims stored in the other order: not adjacent
 
             def fn(t, o):
                 h, w = _entry(t, o, q, by_size), _entry(t, o, q + 1, by_size)
