@@ -242,7 +242,6 @@ def hf_sizes(
     if length_column is not None:
         lengths = HFDatasetReader(ds, columns=[length_column], length_column=length_column, cache_lengths=False).lengths()
         return SizeTable(_table(lengths, path), path, "hf", f"{where}length column {length_column!r}")
-    assert field is not None
     if _is_image(ds, field):
         sizes, skipped = _hf_image_sizes(ds, field, progress)
         return SizeTable(_table(sizes, path), path, "hf", f"{where}image sizes of column {field!r}", skipped)

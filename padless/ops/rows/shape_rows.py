@@ -82,8 +82,7 @@ def narrow(func, nt: NestedTensor, dim: int, start, length) -> NestedTensor:
             f"narrow(): sample {i} has size {int(n[i])} along dim {o}, too short for the window "
             f"start={start}, length={length}"
         )
-    rows, out_hs, out_ho = window_rows(nt, hs, ho, p, s, length)
-    return as_view(from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho), nt, put_rows(rows))
+    return _window_view(nt, hs, ho, p, s, length)
 
 
 def _narrow_per_sample(nt: NestedTensor, p: int, start: Any, length: Any) -> NestedTensor:
@@ -108,7 +107,13 @@ def _narrow_per_sample(nt: NestedTensor, p: int, start: Any, length: Any) -> Nes
             f"narrow(): sample {i} has size {int(n[i])} along dim {p + 1}, too short for its window "
             f"start={int(s0[i])}, length={int(length_i[i])} (its own values of the sizes read from the shape)"
         )
-    rows, out_hs, out_ho = window_rows(nt, hs, ho, p, s, length_i)
+    return _window_view(nt, hs, ho, p, s, length_i)
+
+
+def _window_view(nt: NestedTensor, hs: Tensor, ho: Tensor, p: int, start: Tensor, length: Any) -> NestedTensor:
+    """The window ``[start, start + length)`` of ragged dim ``p`` of every sample, as a view that
+    writes through to ``nt``."""
+    rows, out_hs, out_ho = window_rows(nt, hs, ho, p, start, length)
     return as_view(from_host_structure(values_of(nt).index_select(0, rows), out_hs, nt._ragged, nt, out_ho), nt, put_rows(rows))
 
 
