@@ -1,0 +1,84 @@
+"""Layout steps: folds of a ragged dim into the batch and back, the sequence-first view,
+einsum with an ellipsis, and recurrent modules (issue 41's idioms), each written once for
+both sides (on a sample the fold, the view and the batch dim are the identity)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from padless.tensor.core import NestedTensor
+from padless.testing.fuzz.core import Chooser, Step, seeded
+
+# tags (see padless.testing.fuzz.known)
+FOLD_EXTENT_LEAD = "fold_extent_lead"
+
+
+def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callable[[], Step]]]:
+    """Builders of the layout steps that apply to ``x``."""
+    out: dict[str, list[Callable[[], Step]]] = {"layout": []}
+    ragged, d_n, order = x.ragged_dims, x.sample_dim, tuple(x.storage_order)
+    static_last = d_n >= 1 and (d_n - 1) not in ragged and x.shape[-1] >= 1
+    tokens = ragged == (0,) and d_n == 2 and static_last and order == (0, 1)
+    pairs = ragged == (0, 1) and d_n == 3 and static_last and order == (0, 1, 2)
+    e = int(x.shape[-1])
+
+    if pairs:
+        def fold_rows() -> Step:
+            red = c.choice(["softmax", "cumsum", "mean"])
+
+            def fn(t, o):
+                if not o:  # each row i of the sample is its own sample (j, d)
+                    return _row_op(t, red, 1)
+                b, n, m = t.shape[0], t.shape[1], t.shape[2]
+                zf = t.reshape(b * n, m, e)  # '(b i) j d'
+                return _row_op(zf, red, 1).reshape(b, n, m, e)
+
+            return Step(f"fold rows (b i) j d, {red} over j, unfold", fn, family="layout",
+                        tags=frozenset({FOLD_EXTENT_LEAD}))
+
+        out["layout"].append(fold_rows)
+
+    if tokens:
+        def seq_first() -> Step:
+            w = seeded(seed, (e,), x.dtype)
+
+            def fn(t, o):
+                if not o:
+                    return F.layer_norm(t * w + 1, (e,)) + t
+                u = t.transpose(0, 1)  # (T, B, E)
+                return (F.layer_norm(u * w + 1, (e,)) + u).transpose(0, 1)
+
+            return Step("sequence-first view: layer_norm + residual, back", fn, family="layout")
+
+        def einsum_ellipsis() -> Step:
+            w = seeded(seed + 1, (e, 3), x.dtype)
+            eq = c.choice(["...d,de->...e", "...id,...jd->...ij"])
+            return Step(f"einsum({eq!r})", lambda t, o: torch.einsum(eq, t, w) if "de" in eq else torch.einsum(eq, t, t),
+                        family="layout")
+
+        out["layout"] += [seq_first, einsum_ellipsis]
+        if x.dtype != torch.bfloat16 and min((int(n) for n in x.host_sizes()[:, 0].tolist()), default=0) > 0:
+            def recurrent() -> Step:
+                kind = c.choice(["LSTM", "GRU", "RNN"])
+                bi = c.choice([False, True])
+                torch.manual_seed(seed)
+                mod = getattr(torch.nn, kind)(e, 3, batch_first=True, bidirectional=bi).to(x.dtype)
+
+                def fn(t, o):
+                    return mod(t)[0] if o else mod(t[None])[0][0]
+
+                return Step(f"nn.{kind}(batch_first, bidirectional={bi})", fn, family="layout")
+
+            out["layout"].append(recurrent)
+    return {k: v for k, v in out.items() if v}
+
+
+def _row_op(t, red: str, d: int):
+    if red == "softmax":
+        return t.softmax(d)
+    if red == "cumsum":
+        return t.cumsum(d)
+    return t - t.mean(d, keepdim=True)
