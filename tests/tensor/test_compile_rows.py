@@ -183,8 +183,10 @@ def test_pair_block_fullgraph_one_graph_over_changing_batches_aot_eager():
     _check_pair_block("aot_eager", 8)
 
 
+@pytest.mark.skipif(not INDUCTOR, reason="inductor compiles of the pair block take about 25 s on a 2-core CPU: "
+                    "PADLESS_COMPILE_INDUCTOR=1 runs it (test_compile.py::test_inductor_backend keeps one inductor run)")
 def test_pair_block_fullgraph_inductor():
-    _check_pair_block("inductor", 8 if INDUCTOR else 2)
+    _check_pair_block("inductor", 8)
 
 
 def test_pair_reduction_over_either_axis_and_sum_compile():
