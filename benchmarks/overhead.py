@@ -21,6 +21,7 @@ import argparse
 import collections
 import cProfile
 import pstats
+import sys
 import time
 
 import torch
@@ -126,9 +127,62 @@ def chain_rows(args) -> None:
         baseline="rows (plain tensor)",
         rounds=args.rounds,
         inner=max(1, args.inner // 10),
+        clock=time.process_time,  # CPU time: steadier than wall time on a shared machine
     )
-    bench.print_table(bench.rows_from("5-op chain fwd+bwd, T=29", res), "The floor: a five-op chain, forward and backward",
-                      "rows (plain tensor)")
+    notes = {name: chain_counts(step, t) for name, t in (("rows (plain tensor)", rows), ("padless", nt), ("torch.nested", njt))}
+    bench.print_table(bench.rows_from("5-op chain fwd+bwd, T=29", res, notes),
+                      "The floor: a five-op chain, forward and backward", "rows (plain tensor)")
+    print("(note: Python function calls / C calls made from Python per step, counted by sys.setprofile; "
+          "autograd nodes the step makes, those the backward runs; counts do not depend on the machine's load)")
+
+
+def chain_counts(step, t, n: int = 5) -> str:
+    """Load-independent cost of one chain step on ``t``: Python function calls and C calls made
+    from Python (``sys.setprofile``), autograd nodes made by the step (custom Function nodes
+    counted by their ``forward``) and nodes the backward runs (reachable from the loss)."""
+    for _ in range(3):
+        step(t)
+    calls = collections.Counter()
+
+    def prof(frame, event, arg):
+        if event == "call":
+            calls["py"] += 1
+            code = frame.f_code
+            if code.co_name == "forward" and code.co_varnames[:1] == ("ctx",):
+                calls["fn_nodes"] += 1
+        elif event == "c_call":
+            calls["c"] += 1
+
+    sys.setprofile(prof)
+    for _ in range(n):
+        step(t)
+    sys.setprofile(None)
+    ran = _backward_nodes(step, t)
+    return (f"{calls['py'] // n} py + {calls['c'] // n} C calls/step; "
+            f"{ran} autograd nodes in backward; {calls['fn_nodes'] // n} Python Function nodes made")
+
+
+def _backward_nodes(step, t) -> int:
+    """Autograd nodes the backward of one step runs (reachable from the loss)."""
+    seen, todo = set(), []
+    real_backward = torch.Tensor.backward
+
+    def grab(loss, *a, **k):
+        todo.append(loss.grad_fn)
+        return real_backward(loss, *a, **k)
+
+    torch.Tensor.backward = grab
+    try:
+        step(t)
+    finally:
+        torch.Tensor.backward = real_backward
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return len(seen)
 
 
 CATEGORIES = (  # (category, predicate on (file, function name)); the first match wins
