@@ -96,6 +96,7 @@ def main() -> None:
     chain_rows(args)
     if args.profile:
         profile_chain()
+        floor_parts(args)
         new_structure_cost()
 
 
@@ -217,6 +218,47 @@ def profile_chain(n: int = 300) -> None:
           "profiling inflates Python)")
     for cat, t in total.most_common():
         print(f"  {cat:36s} {t / n * 1e6:8.1f} us/step {t / n / ops * 1e6:7.1f} us/op {100 * t / whole:5.1f}%")
+
+
+def floor_parts(args) -> None:
+    """What the chain costs with parts of padless taken away, to see which part the floor is:
+    the leaf's rows read once and the chain run on them (the leaf's view node, its NestedTensor
+    gradient and AccumulateGrad's detach of it), and every op run on the rows and wrapped as a
+    NestedTensor (``rewrap``: the wrapper and its autograd node per op) without any dispatch."""
+    import torch.nn.functional as F
+
+    from padless.tensor.autograd import rewrap, values_of
+
+    step, nt, rows, _ = _chain_inputs()
+    torch.manual_seed(0)
+    lin, ln = torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+
+    def on_rows(v):
+        return torch.softmax(ln(torch.relu(lin(v)) + v), -1)
+
+    def wrapped(t):
+        a = rewrap(F.linear(values_of(t), lin.weight, lin.bias), t)
+        b = rewrap(torch.relu(values_of(a)), a)
+        c = rewrap(values_of(b) + values_of(t), b)
+        d = rewrap(F.layer_norm(values_of(c), (64,), ln.weight, ln.bias), c)
+        return values_of(rewrap(torch.softmax(values_of(d), -1), d))
+
+    def run(chain, t):
+        t.grad = None
+        with torch._C.DisableTorchFunctionSubclass():  # as inside NestedTensor.__torch_function__
+            chain(t).sum().backward()
+
+    res = bench.interleaved(
+        {
+            "rows (plain tensor)": lambda: run(on_rows, rows),
+            "leaf read once, ops on rows": lambda: run(lambda t: on_rows(values_of(t)), nt),
+            "ops on rows + wrapper per op": lambda: run(wrapped, nt),
+            "padless": lambda: step(nt),
+        },
+        baseline="rows (plain tensor)", rounds=args.rounds, inner=max(1, args.inner // 10), clock=time.process_time,
+    )
+    bench.print_table(bench.rows_from("5-op chain fwd+bwd, T=29", res), "The floor, part by part (no dispatch)",
+                      "rows (plain tensor)")
 
 
 def new_structure_cost(reps: int = 20) -> None:
