@@ -70,6 +70,7 @@ def test_replaced_rows_are_read_again():
     first = values_of(x)
     _, other = _leaf(seed=3)
     x.data = other.detach()
+    assert "_rows_view" not in x.__dict__  # the old rows are not kept alive by x
     again = values_of(x)
     assert again is not first
     torch.testing.assert_close(again, other._values)
