@@ -7,12 +7,15 @@ is NestedTensor time minus hand-packed (values) time, medians from one run.
 
 The last table is issue 40's floor: a five-op chain (linear, relu, residual add, layer_norm,
 softmax) forward and backward on four tiny samples (T=29, C=64), against the same chain on the
-packed rows as a plain tensor and on torch.nested (NJT). ``--profile`` splits the chain's
+packed rows as a plain tensor and on torch.nested (NJT), CPU-time medians, each with the counts
+that do not depend on the machine's load (Python and C calls per step, autograd nodes the
+backward runs, Python ``autograd.Function`` nodes made). ``--profile`` splits the chain's
 padless time into where it goes (dispatch entry, wrapper construction, autograd nodes,
 structure checks and caches, handler Python, the aten kernels themselves), per op, from
 cProfile's own-time of every function, and times what a new structure costs: the first pair
 broadcast and the first convolution on a batch never seen (maps and spatial plans built)
-against the same op on a structure seen before.
+against the same op on a structure seen before, and runs the chain with parts of padless taken
+away (the leaf read once; every op on the rows with one wrapper each, no dispatch).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import argparse
 import collections
 import cProfile
 import pstats
+import sys
 import time
 
 import torch
@@ -95,6 +99,7 @@ def main() -> None:
     chain_rows(args)
     if args.profile:
         profile_chain()
+        floor_parts(args)
         new_structure_cost()
 
 
@@ -126,9 +131,62 @@ def chain_rows(args) -> None:
         baseline="rows (plain tensor)",
         rounds=args.rounds,
         inner=max(1, args.inner // 10),
+        clock=time.process_time,  # CPU time: steadier than wall time on a shared machine
     )
-    bench.print_table(bench.rows_from("5-op chain fwd+bwd, T=29", res), "The floor: a five-op chain, forward and backward",
-                      "rows (plain tensor)")
+    notes = {name: chain_counts(step, t) for name, t in (("rows (plain tensor)", rows), ("padless", nt), ("torch.nested", njt))}
+    bench.print_table(bench.rows_from("5-op chain fwd+bwd, T=29", res, notes),
+                      "The floor: a five-op chain, forward and backward", "rows (plain tensor)")
+    print("(note: Python function calls / C calls made from Python per step, counted by sys.setprofile; "
+          "autograd nodes the step makes, those the backward runs; counts do not depend on the machine's load)")
+
+
+def chain_counts(step, t, n: int = 5) -> str:
+    """Load-independent cost of one chain step on ``t``: Python function calls and C calls made
+    from Python (``sys.setprofile``), autograd nodes made by the step (custom Function nodes
+    counted by their ``forward``) and nodes the backward runs (reachable from the loss)."""
+    for _ in range(3):
+        step(t)
+    calls = collections.Counter()
+
+    def prof(frame, event, arg):
+        if event == "call":
+            calls["py"] += 1
+            code = frame.f_code
+            if code.co_name == "forward" and code.co_varnames[:1] == ("ctx",):
+                calls["fn_nodes"] += 1
+        elif event == "c_call":
+            calls["c"] += 1
+
+    sys.setprofile(prof)
+    for _ in range(n):
+        step(t)
+    sys.setprofile(None)
+    ran = _backward_nodes(step, t)
+    return (f"{calls['py'] // n} py + {calls['c'] // n} C calls/step; "
+            f"{ran} autograd nodes in backward; {calls['fn_nodes'] // n} Python Function nodes made")
+
+
+def _backward_nodes(step, t) -> int:
+    """Autograd nodes the backward of one step runs (reachable from the loss)."""
+    seen, todo = set(), []
+    real_backward = torch.Tensor.backward
+
+    def grab(loss, *a, **k):
+        todo.append(loss.grad_fn)
+        return real_backward(loss, *a, **k)
+
+    torch.Tensor.backward = grab
+    try:
+        step(t)
+    finally:
+        torch.Tensor.backward = real_backward
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return len(seen)
 
 
 CATEGORIES = (  # (category, predicate on (file, function name)); the first match wins
@@ -163,6 +221,47 @@ def profile_chain(n: int = 300) -> None:
           "profiling inflates Python)")
     for cat, t in total.most_common():
         print(f"  {cat:36s} {t / n * 1e6:8.1f} us/step {t / n / ops * 1e6:7.1f} us/op {100 * t / whole:5.1f}%")
+
+
+def floor_parts(args) -> None:
+    """What the chain costs with parts of padless taken away, to see which part the floor is:
+    the leaf's rows read once and the chain run on them (the leaf's view node, its NestedTensor
+    gradient and AccumulateGrad's detach of it), and every op run on the rows and wrapped as a
+    NestedTensor (``rewrap``: the wrapper and its autograd node per op) without any dispatch."""
+    import torch.nn.functional as F
+
+    from padless.tensor.autograd import rewrap, values_of
+
+    step, nt, rows, _ = _chain_inputs()
+    torch.manual_seed(0)
+    lin, ln = torch.nn.Linear(64, 64), torch.nn.LayerNorm(64)
+
+    def on_rows(v):
+        return torch.softmax(ln(torch.relu(lin(v)) + v), -1)
+
+    def wrapped(t):
+        a = rewrap(F.linear(values_of(t), lin.weight, lin.bias), t)
+        b = rewrap(torch.relu(values_of(a)), a)
+        c = rewrap(values_of(b) + values_of(t), b)
+        d = rewrap(F.layer_norm(values_of(c), (64,), ln.weight, ln.bias), c)
+        return values_of(rewrap(torch.softmax(values_of(d), -1), d))
+
+    def run(chain, t):
+        t.grad = None
+        with torch._C.DisableTorchFunctionSubclass():  # as inside NestedTensor.__torch_function__
+            chain(t).sum().backward()
+
+    res = bench.interleaved(
+        {
+            "rows (plain tensor)": lambda: run(on_rows, rows),
+            "leaf read once, ops on rows": lambda: run(lambda t: on_rows(values_of(t)), nt),
+            "ops on rows + wrapper per op": lambda: run(wrapped, nt),
+            "padless": lambda: step(nt),
+        },
+        baseline="rows (plain tensor)", rounds=args.rounds, inner=max(1, args.inner // 10), clock=time.process_time,
+    )
+    bench.print_table(bench.rows_from("5-op chain fwd+bwd, T=29", res), "The floor, part by part (no dispatch)",
+                      "rows (plain tensor)")
 
 
 def new_structure_cost(reps: int = 20) -> None:

@@ -158,15 +158,22 @@ def _with_history(values: Tensor, offsets, sizes, ragged, env, meta, shared: boo
     a constructor's argument (``shared``) or rows another NestedTensor already keeps (a handler
     that hands its input's rows back unchanged) are first seen through a view of their own."""
     if torch.compiler.is_compiling():
-        return _apply(_NestedView, values, offsets, sizes, ragged, env, meta)
+        return _NestedView.apply(values, offsets, sizes, ragged, env, meta)
     mark = getattr(values, "__dict__", None)
     if shared or values.is_leaf or mark is None or ROWS_MARK in mark:
         values = values.view_as(values)
         mark = values.__dict__
     mark[ROWS_MARK] = True
-    out = _apply(_NestedView, values, offsets, sizes, ragged, env, meta)
+    if torch._C._are_functorch_transforms_active():
+        out = _NestedView.apply(values, offsets, sizes, ragged, env, meta)
+    else:  # Function.apply without its functorch bookkeeping (see core._apply)
+        out = _NESTED_VIEW_APPLY(values, offsets, sizes, ragged, env, meta)
     out.__dict__["_grad_rows"] = (values, out._values._version)
     return out
+
+
+# What ``_NestedView.apply`` calls when no functorch transform is active (see core._apply).
+_NESTED_VIEW_APPLY = super(torch.autograd.Function, _NestedView).apply  # type: ignore[misc]
 
 
 def kept_rows(nt: NestedTensor) -> Tensor | None:

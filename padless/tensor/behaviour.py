@@ -171,6 +171,7 @@ def set_data(func, nt: NestedTensor, other) -> None:
     if type(nt) is not NestedTensor:  # a view or a canvas: from now on plain rows
         nt.__class__ = NestedTensor
     nt.__dict__.pop("_grad_rows", None)  # rows remembered from the op that built nt (tensor.autograd)
+    nt.__dict__.pop("_rows_view", None)  # the view of the old rows (tensor.core.values_of)
     nt.__dict__.pop("_padless_view_of", None)
     nt._values = other._values
 

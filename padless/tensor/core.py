@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -511,14 +512,30 @@ def _apply(fn: type[torch.autograd.Function], *args):
     return super(torch.autograd.Function, fn).apply(*args)  # type: ignore[misc]
 
 
+_VALUES_VIEW_APPLY = super(torch.autograd.Function, _ValuesView).apply  # type: ignore[misc]  # (see _apply)
+
+
 def values_of(nt: NestedTensor) -> Tensor:
-    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed."""
+    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed. Every read
+    is one tensor: the rows ``nt`` was built from (:func:`padless.tensor.autograd._with_history`),
+    else one view (:class:`_ValuesView`) kept weakly while alive and unwritten, so a residual
+    ``lin(x) + x`` is one node whose dense gradients autograd sums on the rows."""
     if nt.requires_grad and torch.is_grad_enabled():
-        hit = nt.__dict__.get("_grad_rows")  # its rows, unchanged, nobody watching nt's gradient
+        d = nt.__dict__
+        hit = d.get("_grad_rows")  # its rows, unchanged, nobody watching nt's gradient
         if hit is not None and hit[1] == nt._values._version and not nt.retains_grad and not nt._backward_hooks:
-            nt.__dict__["_rows_taken"] = True  # a consumer reads the rows, not nt (tensor.grad_rows)
+            d["_rows_taken"] = True  # a consumer reads the rows, not nt (tensor.grad_rows)
             return hit[0]  # (tensor.autograd._with_history)
-        return _apply(_ValuesView, nt)
+        if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
+            return _ValuesView.apply(nt)
+        seen = d.get("_rows_view")  # (weak view, the values it views, their version)
+        if seen is not None and seen[1] is nt._values and seen[2] == nt._values._version:
+            view = seen[0]()
+            if view is not None:
+                return view
+        view = _VALUES_VIEW_APPLY(nt)
+        d["_rows_view"] = (weakref.ref(view), nt._values, nt._values._version)  # weak: view -> node -> nt
+        return view
     return nt._values
 
 

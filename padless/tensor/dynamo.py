@@ -166,10 +166,15 @@ def _mark_new(nt) -> None:
     d = nt.__dict__
     d["_dynamo_weak_dynamic_indices"] = set(dims)
     d["_has_dynamo_dim_marking"] = True
-    for t in (nt._values, nt._offsets, nt._sizes):
-        cur = t.__dict__.get("_dynamo_weak_dynamic_indices")
-        if cur is None or 0 not in cur:
-            _weak_dynamic(t, {0})
+    for t in (nt._values, nt._offsets, nt._sizes):  # usually its source's, marked already
+        td = t.__dict__
+        cur = td.get("_dynamo_weak_dynamic_indices")
+        if cur is None:
+            td["_dynamo_weak_dynamic_indices"] = {0}
+            td["_has_dynamo_dim_marking"] = True
+        elif 0 not in cur:
+            cur.add(0)
+            td["_has_dynamo_dim_marking"] = True
 
 
 def _weak_dynamic(t: Tensor, dims: set) -> None:

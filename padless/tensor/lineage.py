@@ -169,14 +169,16 @@ def inherit(out: Any, args: tuple, kwargs: dict, cls: type) -> Any:
             return out
     elif not isinstance(out, cls):
         return out
-    if torch.compiler.is_compiling():
-        return out
     src = args[0] if args and isinstance(args[0], cls) else _first(args, cls)
     if src is None:
         src = _first(kwargs.values(), cls)
     if src is None:
         return out
     token = src._lineage
+    if t is not tuple and t is not list and out._lineage is token:
+        return out  # nothing to change (a row-wise result of an unbatched input: both None)
+    if torch.compiler.is_compiling():
+        return out
     if t is tuple or t is list:
         for o in out:
             if isinstance(o, cls) and o is not src and not _regrouped(o._lineage, token):

@@ -26,7 +26,9 @@ def _trailing_static(name: str, nt: NestedTensor, k: int) -> None:
                 f"{name}(): sample dim {j} is ragged, but {name} acts on the last {k} dim(s); "
                 "transpose/permute the features to the end first (e.g. x.transpose(1, 2))"
             )
-    if nt.storage_order[-k:] != tuple(range(d - k, d)):
+    # Static dims are stored ascending after the ragged ones (layout.storage_order), so once the
+    # last k dims are static they are the trailing dims of every row: only k itself can fail.
+    if k > d or (k == 0 and d > 0):
         raise ValueError(f"{name}(): the feature dims must be the trailing static dims of the layout")
 
 

@@ -1,0 +1,79 @@
+"""One read of a NestedTensor's rows per graph (padless.tensor.core.values_of): a NestedTensor
+read by several ops (a residual ``lin(x) + x``) is one recorded view whose dense gradients
+autograd sums on the rows, and that view is forgotten once the rows are written or replaced.
+Gradients are checked against the dense ops on each sample alone."""
+
+from __future__ import annotations
+
+import torch
+
+import padless
+from padless.tensor.core import values_of
+
+LENGTHS = [3, 0, 5, 1]
+
+
+def _leaf(lengths=LENGTHS, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    xs = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in lengths]
+    return xs, padless.from_list([x.clone() for x in xs]).requires_grad_()
+
+
+def _nodes(fn) -> list[str]:
+    seen, todo = set(), [fn]
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        todo.extend(m for m, _ in n.next_functions)
+    return sorted(type(n).__name__ for n in seen)
+
+
+def _residual(lengths):
+    xs, x = _leaf(lengths)
+    torch.manual_seed(1)
+    lin, ln = torch.nn.Linear(4, 4).double(), torch.nn.LayerNorm(4).double()
+    chain = lambda t: torch.softmax(ln(torch.relu(lin(t)) + t), -1)  # noqa: E731
+    loss = chain(x).values().pow(2).sum()
+    assert _nodes(loss.grad_fn).count("_ValuesViewBackward") == 1  # two reads of x, one node
+    loss.backward()
+    leaves = [a.clone().requires_grad_() for a in xs]
+    sum(chain(a).pow(2).sum() for a in leaves).backward()
+    for i, a in enumerate(leaves):
+        torch.testing.assert_close(x.grad.values()[sum(lengths[:i]):sum(lengths[: i + 1])], a.grad)
+
+
+def test_two_reads_are_one_view():
+    _, x = _leaf()
+    assert values_of(x) is values_of(x)
+    _residual(LENGTHS)
+
+
+def test_one_sample_and_empty():
+    _residual([4])
+    _residual([0, 2])
+
+
+def test_written_rows_are_read_again():
+    _, x = _leaf()
+    first = values_of(x)
+    with torch.no_grad():
+        x.values().mul_(2)  # the rows moved on: the old view is not their view any more
+    again = values_of(x)
+    assert again is not first
+    torch.testing.assert_close(again, x._values)
+
+
+def test_replaced_rows_are_read_again():
+    _, x = _leaf()
+    first = values_of(x)
+    _, other = _leaf(seed=3)
+    x.data = other.detach()
+    assert "_rows_view" not in x.__dict__  # the old rows are not kept alive by x
+    again = values_of(x)
+    assert again is not first
+    torch.testing.assert_close(again, other._values)
+    again.sum().backward()
+    torch.testing.assert_close(x.grad.values(), torch.ones_like(other._values))
+
