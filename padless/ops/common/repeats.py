@@ -40,7 +40,10 @@ class RepeatOf:
 
 
 def mark(out: NestedTensor, source: NestedTensor, counts: tuple[int, ...]) -> None:
-    """Record that ``out``'s samples are ``source``'s samples repeated ``counts[s]`` times each."""
+    """Record that ``out``'s samples are ``source``'s samples repeated ``counts[s]`` times each.
+    Not for inference tensors (they have no version counter to guard the record)."""
+    if out._values.is_inference() or source._values.is_inference():
+        return
     out.__dict__[_KEY] = (RepeatOf(source, tuple(counts)), out._values, out._values._version, source._values,
                           source._values._version)
 
