@@ -21,6 +21,10 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   indices. Chosen when a ``mask_mod``/``score_mod`` is given, or on CUDA for what the
   varlen kernels cannot express (use it under ``torch.compile``; eager flex is a
   slow reference).
+* ``runs`` (eager; the CPU, or any device with a mask): samples that come in runs of equal
+  lengths, as a pair state folded into the batch does (``z.reshape(B * N, N, d)``: parent
+  ``b`` gives ``N_b`` consecutive samples of length ``N_b``), attend once per run on views of
+  the rows, a per-row repeated bias read from its source (:mod:`~padless.ops.attention.runs`).
 * ``per_sample`` (any device, any dtype): torch's SDPA on each sample's rows (views
   of ``values`` with unit leading dims, so torch's fused CPU kernel runs), no padded
   position computed. The samples come from one ``torch.split`` of each buffer
