@@ -185,3 +185,24 @@ def test_folded_attention_under_inference_mode():
         refs = [m(s.detach()[None])[0] for s in zs]
     for o, r in zip(out.unbind(), refs):
         torch.testing.assert_close(o, r, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("kv_heads", [H, 1], ids=["chunked_qkv", "gqa"])
+def test_folded_attention_chunked_projection_and_gqa(kv_heads):
+    # q, k, v as chunks of one projection (rows that are not contiguous), and grouped-query heads
+    torch.manual_seed(0)
+    qkv = nn.Linear(D, (H + 2 * kv_heads) * DH).double()
+    lin_b = nn.Linear(D, H, bias=False).double()
+
+    def f(t):
+        B, N = t.shape[0], t.shape[1]
+        tf = t.reshape(B * N, N, D)
+        q, k, v = qkv(tf).split([H * DH, kv_heads * DH, kv_heads * DH], dim=-1)
+        q = q.reshape(B * N, N, H, DH).transpose(1, 2)
+        k, v = (x.reshape(B * N, N, kv_heads, DH).transpose(1, 2) for x in (k, v))
+        bias = lin_b(t).permute(0, 3, 1, 2).repeat_interleave(N, dim=0)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=kv_heads != H)
+        return o.transpose(1, 2).reshape(B, N, N, H * DH)
+
+    check_samples(f, lambda s: f(s[None])[0], [_pairs(PAIRS["batch"])])
+    assert sdpa.last_choice.backend == "runs"
