@@ -206,3 +206,14 @@ def test_folded_attention_chunked_projection_and_gqa(kv_heads):
 
     check_samples(f, lambda s: f(s[None])[0], [_pairs(PAIRS["batch"])])
     assert sdpa.last_choice.backend == "runs"
+
+
+def test_runs_read_the_repeated_bias_from_its_source():
+    z, _ = _pairs([5, 4])
+    B, N = z.shape[0], z.shape[1]
+    bias = z[..., :H].permute(0, 3, 1, 2)
+    q = z.reshape(B * N, N, D).unflatten(-1, (H, D // H)).transpose(1, 2)
+    p = runs.plan(q, q, q, bias.repeat_interleave(N, dim=0))
+    assert p.mask is bias and len(p.runs) == 2 and all(r.mask.count == 1 for r in p.runs)
+    p = runs.plan(q, q, q, bias.repeat_interleave(N, dim=0) * 1.0)  # no longer a repeat: its own rows
+    assert p.mask is not bias and [r.mask.count for r in p.runs] == [5, 4]
