@@ -504,8 +504,46 @@ def recurrent_cases() -> list[Case]:
     ]
 
 
+# sequence-first: torch's own nn.TransformerEncoder, batch_first=False -----------
+
+class SeqFirstEncoder(nn.Module):
+    """A tagger written sequence-first, as pre-``batch_first`` code is: ``(T, B, E)`` through
+    ``nn.TransformerEncoder(batch_first=False)``, a ``(T, 1, E)`` position table, the padded batch
+    with ``src_key_padding_mask``; a NestedTensor of ids goes in as it is (no mask)."""
+
+    def __init__(self, vocab: int = 1000, dim: int = HIDDEN, heads: int = 4, layers: int = 2, tags: int = 17) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.pos = nn.Parameter(torch.randn(512, dim) * 0.02)
+        layer = nn.TransformerEncoderLayer(dim, heads, dim_feedforward=2 * dim, dropout=0.1)  # batch_first=False
+        self.enc = nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
+        self.head = nn.Linear(dim, tags)
+
+    def forward(self, ids: torch.Tensor, src_key_padding_mask: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.emb(ids).transpose(0, 1)  # (T, B, E)
+        x = x + self.pos[: x.shape[0]].unsqueeze(1)
+        x = self.enc(x, src_key_padding_mask=src_key_padding_mask)
+        return self.head(x).transpose(0, 1)
+
+
+def _seq_first_padded_loss(model, ids):
+    dense, mask = pad_seq(ids)
+    out = model(dense, src_key_padding_mask=~mask)
+    return sum(_sq_mean(out[j, : len(i)]) for j, i in enumerate(ids))
+
+
+def sequence_first_cases() -> list[Case]:
+    return [
+        Case("torch TransformerEncoder, sequence-first (T, B, E)", "torch",
+             "input_ids L 16..128, B 6; padded: src_key_padding_mask",
+             lambda: (torch.manual_seed(0), SeqFirstEncoder())[1], lambda s: id_seqs(s), lambda ids: [tuple(i.shape) for i in ids],
+             lambda model, ids: _unbind(model(padless.from_list(ids))), lambda model, i: model(i[None])[0],
+             _seq_first_padded_loss, grad=True),
+    ]
+
+
 def all_cases() -> list[Case]:
-    return image_cases() + pair_cases() + token_cases() + sparse_cases() + recurrent_cases()
+    return image_cases() + pair_cases() + token_cases() + sparse_cases() + recurrent_cases() + sequence_first_cases()
 
 
 # ----------------------------------------------------------------------------- checks

@@ -94,3 +94,14 @@ def test_lstm_tagger_per_sample_and_gradients():
     diff = zoo.grad_diff(case, case.build().eval(), ids)
     assert diff < 1e-5, f"LSTM tagger: max parameter-gradient difference {diff:.2e}"
     case.padded_loss(case.build(), ids).backward()  # the pack_padded_sequence baseline runs
+
+
+def test_sequence_first_encoder_per_sample_and_gradients():
+    """torch's nn.TransformerEncoder with batch_first=False fed (T, B, E): no zoo package needed."""
+    zoo = _zoo()
+    case = _case("torch TransformerEncoder, sequence-first (T, B, E)")
+    ids = zoo.id_seqs(0, b=3, lo=1, hi=12)
+    _agree(case.name, ids, 1e-5)
+    diff = zoo.grad_diff(case, case.build().eval(), ids)
+    assert diff < 1e-5, f"sequence-first encoder: max parameter-gradient difference {diff:.2e}"
+    case.padded_loss(case.build(), ids).backward()  # the src_key_padding_mask baseline runs

@@ -21,6 +21,10 @@ others were skipped; ``PADLESS_DEBUG_ATTENTION=1`` logs every choice):
   indices. Chosen when a ``mask_mod``/``score_mod`` is given, or on CUDA for what the
   varlen kernels cannot express (use it under ``torch.compile``; eager flex is a
   slow reference).
+* ``runs`` (eager; the CPU, or any device with a mask): samples that come in runs of equal
+  lengths, as a pair state folded into the batch does (``z.reshape(B * N, N, d)``: parent
+  ``b`` gives ``N_b`` consecutive samples of length ``N_b``), attend once per run on views of
+  the rows, a per-row repeated bias read from its source (:mod:`~padless.ops.attention.runs`).
 * ``per_sample`` (any device, any dtype): torch's SDPA on each sample's rows (views
   of ``values`` with unit leading dims, so torch's fused CPU kernel runs), no padded
   position computed. The samples come from one ``torch.split`` of each buffer
@@ -71,6 +75,7 @@ from torch import Tensor
 
 from padless.ops.attention import sdpa_compiled as attention_compiled
 from padless.ops.attention import buckets
+from padless.ops.attention import runs
 from padless.ops.attention import rows as attention_rows
 from padless.ops.common import padded
 from padless.tensor.autograd import rewrap, split_rows, values_of
@@ -178,7 +183,12 @@ def explain(
         skipped["flex"] = "dropout_p > 0"
     else:
         return Choice("flex", skipped)
+    if dropout_p == 0.0 and not custom and not _is_traced(q._values) and runs.plan(q, k, v, attn_mask) is not None:
+        return Choice("runs", {**skipped, "per_sample": _RUNS_REASON})
     return Choice("per_sample", skipped)
+
+
+_RUNS_REASON = "samples come in runs of equal lengths (a folded batch): one call per run on views of the rows"
 
 
 def _same_lengths(q: NestedTensor, k: NestedTensor) -> bool:
@@ -470,6 +480,12 @@ def attention(
         raise StructureError(f"{op}(): key and value must have the same ragged structure: {_structure_mismatch(key, value)}")
     masks = None
     traced = _is_traced(query._values)
+    plan = runs.plan(query, key, value, attn_mask) if dropout_p == 0.0 and not mods and not traced else None
+    if plan is not None:  # runs of equal-length samples (a folded batch): one call per run, in place
+        last_choice = Choice("runs", {"per_sample": _RUNS_REASON})
+        if _DEBUG:
+            log.warning(str(last_choice))
+        return rewrap(runs.attention(query, key, value, plan, is_causal, scale, enable_gqa), query)
     if attn_mask is not None:
         if not isinstance(attn_mask, NestedTensor):
             if traced:

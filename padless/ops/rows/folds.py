@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common import content
+from padless.ops.common import repeats as repeat_record
 from padless.ops.common.host import host_structure, int_entries
 from padless.ops.common.structure import call
 from padless.ops.rows import folds_traced
@@ -495,7 +496,9 @@ def _fmt(raw: Sequence[Any]) -> str:
 def repeat_batch(nt: NestedTensor, repeats: Any, op: str = "repeat_interleave") -> NestedTensor:
     """``x.repeat_interleave(r, dim=0)``: every sample repeated ``r`` times in place (sample
     ``b`` becomes samples ``b*r .. b*r+r-1``). ``r`` read from a shape (``z.shape[1]``) repeats
-    sample ``b`` by sample ``b``'s own size; a 1-D tensor gives one count per sample. One gather."""
+    sample ``b`` by sample ``b``'s own size; a 1-D tensor gives one count per sample. One copy
+    (:func:`padless.ops.common.repeats.repeat_rows`); attention over a folded batch reads ``x``
+    instead of the copy (:mod:`padless.ops.attention.runs`)."""
     b = nt.batch_size
     if _traced(nt):
         raise folds_traced.refuse(op, "repeating every sample along the batch dim")
@@ -527,13 +530,17 @@ def repeat_batch(nt: NestedTensor, repeats: Any, op: str = "repeat_interleave") 
     rows = (ho[1:] - ho[:-1]).repeat_interleave(c, output_size=s)
     new_ho = layout.offsets_from_counts(rows)
     total = int(new_ho[-1])
-    src = ho[:-1].repeat_interleave(c, output_size=s).repeat_interleave(rows, output_size=total)
-    idx = src + torch.arange(total) - new_ho[:-1].repeat_interleave(rows, output_size=total)
-    vals = values_of(nt).index_select(0, _to(idx, nt))
+    if b <= repeat_record.ROW_COPY_SAMPLES:  # one broadcast copy per sample
+        vals = repeat_record.repeat_rows(values_of(nt), ho.tolist(), counts)
+    else:
+        src = ho[:-1].repeat_interleave(c, output_size=s).repeat_interleave(rows, output_size=total)
+        idx = src + torch.arange(total) - new_ho[:-1].repeat_interleave(rows, output_size=total)
+        vals = values_of(nt).index_select(0, _to(idx, nt))
     env = list(nt._env)
     for r in nt._ragged:
         env[r] = int(new_hs[:, r].max()) if s else 0
     out = nested_from_values(vals, _to(new_ho, nt), _to(new_hs, nt), nt._ragged, env, StructureMeta(new_hs, new_ho))
+    repeat_record.mark(out, nt, tuple(counts))  # attention over a folded batch reads nt instead (ops.attention.runs)
     return _regrouped(out, nt._lineage, counts)  # sample (b, r) of bias.repeat_interleave(N) is sample (b, i) of a fold
 
 

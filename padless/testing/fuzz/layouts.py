@@ -40,6 +40,22 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                         tags=frozenset({FOLD_EXTENT_LEAD}))
 
         out["layout"].append(fold_rows)
+        hs = x.host_sizes()
+        if bool((hs[:, 0] == hs[:, 1]).all()):
+            def fold_attention() -> Step:
+                def fn(t, o):  # row attention with the pair's channel 0 as a bias over (j, j')
+                    if not o:
+                        q = t.unsqueeze(1)  # rows i as the batch: (N, 1, N, e)
+                        return F.scaled_dot_product_attention(q, q, q, attn_mask=t[..., 0][None, None]).squeeze(1)
+                    b, n = t.shape[0], t.shape[1]
+                    q = t.reshape(b * n, n, e).unsqueeze(1)  # '(b i) 1 j d'
+                    bias = t[..., 0].unsqueeze(1).repeat_interleave(n, dim=0)  # '(b i) 1 j k'
+                    return F.scaled_dot_product_attention(q, q, q, attn_mask=bias).squeeze(1).reshape(b, n, n, e)
+
+                return Step("fold rows (b i) j d, SDPA with the bias repeated per row, unfold", fn, family="layout",
+                            tags=frozenset({FOLD_EXTENT_LEAD}))
+
+            out["layout"].append(fold_attention)
 
     if tokens:
         def seq_first() -> Step:
