@@ -33,6 +33,12 @@ def _with_inner(nt: NestedTensor, tensors: list[Tensor]) -> NestedTensor:
 
 @implements_aten(aten.detach.default, aten.alias.default)
 def detach(func, nt: NestedTensor) -> NestedTensor:
+    if torch.is_inference_mode_enabled() and not nt.is_inference():
+        # autograd gives the result the input's version counter (it is a view of it): an
+        # inference tensor has none, so the wrapper of a batch built outside the block must
+        # not be one (as a plain tensor's detach inside inference_mode is a normal tensor)
+        with torch.inference_mode(False):
+            return wrap_like(func(nt._values), nt)
     return wrap_like(func(nt._values), nt)
 
 

@@ -88,6 +88,8 @@ OPS = {
     "mask": (_seq, lambda x: x.mask()),
     "pair_broadcast": (_seq, lambda x: x.unsqueeze(2) + x.unsqueeze(1)),
     "window": (_seq, lambda x: x[:, :2]),
+    "detach": (_seq, lambda x: x.detach() * 2),  # autograd shares the version counter: no inference wrapper
+    "alias_requires_grad": (_seq, lambda x: torch.ops.aten.alias(x).detach().requires_grad_(False) + 1),
     "position": (_seq_one, lambda x: x[:, -1]),
     "conv2d": (_images, lambda x: _CONV(x)),
     "conv2d_pool": (_images, lambda x: F.max_pool2d(F.relu(_CONV(x)), 2)),
@@ -172,7 +174,7 @@ def test_offsets_written_in_inference_mode_leave_the_batch_intact():
 
 
 _TRAINABLE = sorted(n for n in OPS if n not in ("unbind", "offsets", "sizes", "host_offsets", "repr", "mask", "embedding",
-                                                 "collate", "cross_entropy", "add_inplace", "relu_inplace"))
+                                                 "collate", "cross_entropy", "add_inplace", "relu_inplace", "detach", "alias_requires_grad"))
 
 
 @pytest.mark.parametrize("name", _TRAINABLE)
