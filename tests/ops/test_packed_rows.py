@@ -100,3 +100,35 @@ def test_with_a_nested_operand():
     flat = x.view(-1, 8)
     y = x + flat.view(x.shape)
     torch.testing.assert_close(y.values(), 2 * x.values())
+
+
+@pytest.mark.parametrize("op", ["view", "reshape"])
+@pytest.mark.parametrize("shapes", [[(0, 1), (2, 1), (0, 1)], [(2, 1)]], ids=["with_empty", "one_sample"])
+def test_widened_rows_back_to_the_batch_shape_refused(op, shapes):
+    # rows widened from 1 to 3 columns, then viewed as x.shape: 2 * 3 entries happen to fill
+    # (3, 2, 1) (or (1, 2, 1) * 3), but no sample alone can take its shape back: refused, not
+    # a dense reshape that mixes the samples
+    x, dense = _leaves(shapes)
+    w = torch.randn(3, 1, dtype=torch.float64)
+    rows = F.linear(x.reshape(-1, 1), w)
+    for d in dense:
+        if d.shape[0]:
+            with pytest.raises(RuntimeError, match="invalid"):
+                getattr(F.linear(d.reshape(-1, 1), w), op)(d.shape)
+    with pytest.raises(padless.StructureError, match=rf"{op}\(\): .* starts with that batch's envelope, so each row would "
+                       r"become \(1,\), which does not fit \(sample \d's rows alone, \(2, 3\), cannot take the shape \(2, 1\)\)"):
+        getattr(rows, op)(x.shape)
+    with pytest.raises(padless.StructureError, match="does not fit"):
+        getattr(rows, op)(x.shape[0], x.shape[1], -1, 2)  # 3 columns are no whole number of (·, 2)
+    back = getattr(rows, op)(x.shape[:-1] + (3,))  # the rows' own width: the batch again
+    for got, d in zip(back.unbind(), dense):
+        torch.testing.assert_close(got, F.linear(d, w).detach())
+
+
+def test_rows_of_empty_samples_take_any_row_shape():
+    x, dense = _leaves([(0, 2), (0, 2)])
+    rows = F.linear(x.reshape(-1, 2), torch.randn(3, 2, dtype=torch.float64))
+    y = rows.reshape(x.shape)  # each (0, 3) sample alone reshapes to (0, 2)
+    assert isinstance(y, padless.NestedTensor)
+    for got, d in zip(y.unbind(), dense):
+        assert got.shape == d.shape == (0, 2)
