@@ -417,3 +417,26 @@ def test_all_zero_key_mask_term_is_a_constant(zeros, monkeypatch):
 
     check_samples(fn, ref, [q, k, v, z])
     assert seen == ([2] if zeros else [1]), seen
+
+
+@pytest.mark.parametrize("ns", [[0, 0], [0]], ids=["all_empty", "one_empty_sample"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_attention_on_a_batch_of_empty_samples(ns, bias, modes):
+    """``(q @ k^T).softmax(-1) @ v`` when every sample is empty (``(H, 0, D)`` each): the empty
+    result, as each sample alone gives, values and gradients (the fused node's per-bucket
+    views have a zero extent; they raised ZeroDivisionError)."""
+    q, k, v = [leaves([(2, n, 3) for n in ns], seed=70 + i, ragged=(1,), dtype=F64) for i in range(3)]
+    m = torch.randn(1, 2, 0, 0, dtype=F64)
+
+    def fn(a, b, c):
+        s = (a @ b.transpose(-1, -2)) * 0.5
+        return (s + m if bias else s).softmax(-1) @ c
+
+    def ref(a, b, c):
+        s = (a @ b.transpose(-1, -2)) * 0.5
+        return (s + m[0] if bias else s).softmax(-1) @ c
+
+    out = check_samples(fn, ref, [q, k, v])
+    assert out.shape[:3] == (len(ns), 2, 0) and modes == ["direct"]
+    with torch.no_grad():
+        assert fn(q[0], k[0], v[0]).values().shape == (0, 2, 3)

@@ -283,8 +283,13 @@ class _Fast:
                 sample = [shape[p] for p in perm] if perm is not None else list(shape)
                 formed = [sample[p] for p in form_perm]
                 # (batch, m, k) for a left operand (``lead`` m letters), (batch, k, n) for a right one
-                mid = math.prod(formed[nb:nb + lead]) if lead is not None else math.prod(formed[nb:len(formed) - tail])
-                store.append((shape, _compose(perm, form_perm), (bt, mid, math.prod(formed) // (bt * mid))))
+                if lead is not None:
+                    mid, rest = math.prod(formed[nb:nb + lead]), math.prod(formed[nb + lead:])
+                else:
+                    mid, rest = math.prod(formed[nb:len(formed) - tail]), math.prod(formed[len(formed) - tail:])
+                # the last extent as its own product, not total // (bt * mid): a bucket of empty
+                # samples (L = 0) has no element, and its (bt, 0, d) operands must still view
+                store.append((shape, _compose(perm, form_perm), (bt, mid, rest)))
                 # the gradient (same form) back to the piece's storage order
                 inv_form = layout.inverse_order(form_perm)
                 grad.append((formed, inv_form if perm is None else [inv_form[i] for i in layout.inverse_order(perm)]))
@@ -352,7 +357,7 @@ def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
     da, db, dv, dx = [], [], [], []
     for k, (a3, b3, v3, p3) in enumerate(ctx.saved):
         perm = f.o[k][1]
-        g3 = gemm_ready(gparts[k].view(p2.out_shapes[k]).permute(layout.inverse_order(perm)).reshape(p3.shape[0], p3.shape[1], -1))
+        g3 = gemm_ready(gparts[k].view(p2.out_shapes[k]).permute(layout.inverse_order(perm)).reshape(p3.shape[0], p3.shape[1], v3.shape[2]))
         if need[3]:
             formed, back = f.dv[k]
             dv.append(torch.bmm(p3.transpose(1, 2), g3).view(formed).permute(back))
