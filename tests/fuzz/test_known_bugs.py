@@ -23,7 +23,6 @@ TARGETS = {
     "stack_write": ({"stack"}, None, {"no_grad"}),
     "inference_mode": ({"basic"}, "tokens", {"inference"}),
     "grad_intermediate": ({"basic"}, "tokens", {"grad"}),
-    "scores_operand_write": ({"padded"}, "heads", {"grad"}),
     "window_extent_bound": ({"window"}, "tokens", {"no_grad"}),
     "view_reinterpret": ({"reshape"}, "images", {"no_grad"}),
     "images_transposed": ({"basic", "interpolate", "batch_dense"}, "images", {"no_grad"}),

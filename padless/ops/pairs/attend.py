@@ -395,7 +395,12 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sp: Spec, a, b, v, x, *terms):
         ctx.sp = sp
-        ctx.save_for_backward(a, b, v, x, *terms)
+        ctx.save_for_backward(a, b, v, x)
+        # the terms are not saved tensors: the backward needs only their shapes, as torch's own
+        # ``scores + bias`` keeps no bias (a write to a mask after the forward must not fail the
+        # backward); only the double backward reads them again, and checks they are unchanged
+        ctx.terms = terms
+        ctx.term_versions = tuple(None if t.is_inference() else t._version for t in terms)
         if sp.fast is not None:
             out, ctx.saved = _attend_fast(sp, a, b, v, terms)
         else:
@@ -405,10 +410,12 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         sp = ctx.sp
-        a, b, v, x, *terms = ctx.saved_tensors
+        a, b, v, x = ctx.saved_tensors
+        terms = ctx.terms
         need = ctx.needs_input_grad
         inputs = (a, b, v, x, *terms)
         if torch.is_grad_enabled():  # double backward: the forward again, differentiable
+            _check_terms(ctx)
             want = [t for t, n in zip(inputs, need[1:]) if t is not None and n]
             out = _attend(sp, a, b, v, x, terms)[0]
             got = iter(torch.autograd.grad(out, want, g, create_graph=True, allow_unused=True))
@@ -429,3 +436,16 @@ class Attention(torch.autograd.Function):
                 d = (rows * coef if coef != 1.0 else rows).sum_to_size(t.shape)
             dterms.append(d)
         return (None, da, db, dv, dx, *dterms)
+
+
+def _check_terms(ctx) -> None:
+    """The double backward recomputes the forward from the terms: refuse one written in place
+    since (autograd's own error for a saved tensor)."""
+    for k, (t, version) in enumerate(zip(ctx.terms, ctx.term_versions)):
+        if version is not None and t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"term {k} added to the attention scores (shape {tuple(t.shape)}) is at version {t._version}; "
+                f"expected version {version} instead. padless's fused attention recomputes its forward for a "
+                "double backward; change the term out of place, or after the backward"
+            )

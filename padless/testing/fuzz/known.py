@@ -13,7 +13,7 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 
 from __future__ import annotations
 
-from padless.testing.fuzz.padded import OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
+from padless.testing.fuzz.padded import OPERAND_DATA_WRITE
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.layouts import FOLD_EXTENT_LEAD
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
@@ -24,10 +24,6 @@ INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    SCORES_OPERAND_WRITE: "found by this fuzzer (not in issue 39): softmax(q @ k^T + bias) @ v with a dense bias that "
-    "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
-    "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
-    "bias.add_(1)) fails the backward with autograd's version error; dense eager keeps no bias there",
 }
 
 KNOWN_GAPS: dict[str, str] = {
