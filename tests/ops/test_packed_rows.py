@@ -132,3 +132,22 @@ def test_rows_of_empty_samples_take_any_row_shape():
     assert isinstance(y, padless.NestedTensor)
     for got, d in zip(y.unbind(), dense):
         assert got.shape == d.shape == (0, 2)
+
+
+@pytest.mark.parametrize("c", [1, 2])
+@pytest.mark.parametrize("sizes", [[(0, 0)], [(1, 1)], [(0, 0), (1, 1)], [(3, 1), (2, 0), (1, 1)]],
+                         ids=["one_empty", "one_1x1", "empty_and_1x1", "second_dim_0_or_1"])
+def test_rows_of_two_ragged_dims_where_a_fold_would_fit(sizes, c):
+    """``x.reshape(-1, C)`` of ``(N_i, M_i, C)`` samples is every real row, also where each
+    ``M_i`` is 0 or 1 (a fold of dim 1 into the batch, then every folded ``(M_i, C)`` read as
+    ``(C,)``, fits by coincidence): the rows come back with ``.view(x.size()[:-1] + (n,))`` as
+    each sample alone gives (the fold was taken: a refusal, or a batch of other samples)."""
+    dense = [torch.randn(n, m, c, dtype=torch.float64) for n, m in sizes]
+    x = padless.from_list([d.clone() for d in dense], ragged_dims=(0, 1))
+    w = torch.randn(3, c, dtype=torch.float64)
+    rows = x.reshape(-1, c)
+    assert isinstance(rows, PackedRows) and rows.shape == (sum(n * m for n, m in sizes), c)
+    y = F.linear(rows, w).view(x.size()[:-1] + (3,))
+    assert isinstance(y, padless.NestedTensor) and y.batch_size == len(sizes)
+    for got, d in zip(y.unbind(), dense):
+        torch.testing.assert_close(got, F.linear(d.reshape(-1, c), w).view(d.size()[:-1] + (3,)))
