@@ -151,3 +151,23 @@ def test_rows_of_two_ragged_dims_where_a_fold_would_fit(sizes, c):
     assert isinstance(y, padless.NestedTensor) and y.batch_size == len(sizes)
     for got, d in zip(y.unbind(), dense):
         torch.testing.assert_close(got, F.linear(d.reshape(-1, c), w).view(d.size()[:-1] + (3,)))
+
+
+def test_rows_of_a_transposed_pair_batch():
+    """Pairs transposed (ragged dims stored (1, 0)): ``reshape(-1, C)`` is every sample's rows in
+    its own (transposed) order, as each sample alone reshapes, and comes back with
+    ``.reshape(t.shape)``; ``view(-1, C)`` is refused naming the fix (the rows are not adjacent)."""
+    dense = [torch.randn(n, m, 2, dtype=torch.float64) for n, m in [(2, 3), (1, 2), (0, 0)]]
+    t = padless.from_list([d.clone() for d in dense], ragged_dims=(0, 1)).transpose(1, 2)
+    w = torch.randn(2, 2, dtype=torch.float64)
+    rows = t.reshape(-1, 2)
+    assert isinstance(rows, PackedRows)
+    torch.testing.assert_close(rows.as_subclass(torch.Tensor), torch.cat([d.transpose(0, 1).reshape(-1, 2) for d in dense]))
+    y = F.linear(rows, w).reshape(t.shape)
+    for got, d in zip(y.unbind(), dense):
+        u = d.transpose(0, 1)
+        torch.testing.assert_close(got, F.linear(u.reshape(-1, 2), w).reshape(u.shape))
+    with pytest.raises(padless.StructureError, match=r"view\(\): this batch stores its ragged dims in another order .*"
+                       r"storage order \(1, 0\).*Use reshape .*or \.contiguous\(\) first"):
+        t.view(-1, 2)
+    assert isinstance(t.contiguous().view(-1, 2), PackedRows)

@@ -33,7 +33,8 @@ KNOWN_GAPS: dict[str, str] = {
     EXTENT_MINMAX: "documented (docs/tensor.md, envelope extents; issue 39 #2): max()/min() of sizes read from one "
     "batch's shape whose order differs between samples is refused, naming padless.extent_max / extent_min",
     FLATTEN_TRANSPOSED: "documented (docs/limits.md, ops): flatten() of two ragged dims stored in the other order "
-    "(after a transpose) is refused: their elements are not adjacent in each sample's rows; .contiguous() first",
+    "(after a transpose), and view(-1, C) of such a batch, are refused: their elements are not adjacent in each "
+    "sample's rows; .contiguous() first (reshape(-1, C) copies the rows in order)",
     STACK_WRITE: "documented (docs/tokens.md, stacking): torch.stack of NestedTensors keeps copy semantics "
     "without copying: a StackedBatch whose member was written in place after stacking refuses every use, "
     "naming the fix (stack after the write, or stack clones)",
