@@ -171,3 +171,15 @@ def test_rows_of_a_transposed_pair_batch():
                        r"storage order \(1, 0\).*Use reshape .*or \.contiguous\(\) first"):
         t.view(-1, 2)
     assert isinstance(t.contiguous().view(-1, 2), PackedRows)
+
+
+def test_rows_of_a_transposed_batch_without_elements():
+    """A transposed batch whose samples are all empty (``(0, 5, 3)`` read from ``(3, 5, 0)``):
+    ``view(-1, C)`` copies nothing, so it is the (empty) rows, and comes back with
+    ``.view(t.size()[:-1] + (n,))`` as the sample alone (was read as a fold of 0 samples)."""
+    x = padless.from_list([torch.randn(3, 5, 0, dtype=torch.float64)], ragged_dims=(1, 2))
+    t = x.permute(0, 3, 2, 1)
+    rows = t.view(-1, 3)
+    assert isinstance(rows, PackedRows) and rows.shape == (0, 3)
+    y = F.linear(rows, torch.randn(2, 3, dtype=torch.float64)).view(t.size()[:-1] + (2,))
+    assert isinstance(y, padless.NestedTensor) and y.unbind()[0].shape == (0, 5, 2)

@@ -397,13 +397,13 @@ def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor 
 
 
 def _rows_target(nt: NestedTensor, raw: Sequence[Any]) -> bool:
-    """``(-1, *tail)`` whose plain-int ``tail`` spans only the static dims of samples stored
-    ragged dims first: every real row (:func:`padless.ops.rows.shape_idioms.flatten_rows`), as
+    """``(-1, *tail)`` whose plain-int ``tail`` spans only the static dims of samples whose
+    ragged dims come first (stored in any order): every real row (:func:`padless.ops.rows.shape_idioms.flatten_rows`), as
     each sample alone reads it (``(N_i * M_i, C)``). A fold then reshaping every folded sample
     ``(M_i, C)`` to ``tail`` fits only where each ``M_i`` is 0 or 1, by coincidence."""
     k = len(nt._ragged)
     tail = raw[1:]
-    return (nt._ragged == tuple(range(k)) and len(tail) <= nt.sample_dim - k
+    return (tuple(sorted(nt._ragged)) == tuple(range(k)) and len(tail) <= nt.sample_dim - k
             and all(type(t) is int and t >= 0 for t in tail))
 
 
