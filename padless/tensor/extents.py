@@ -338,7 +338,9 @@ def _shape(nt: Any) -> torch.Size:
         return cached[1]
     env = nt._env
     if not all(type(v) is int for v in env):
-        return Tensor.shape.__get__(nt)
+        if not all(isinstance(v, int) for v in env):
+            return Tensor.shape.__get__(nt)  # symbolic sizes
+        env = tuple(int(v) for v in env)  # a size read from a shape kept as a static extent: its int
     meta, sizes = nt._meta, nt._sizes
     cols = _columns(meta)
     lin = weakref.ref(lineage) if lineage is not None else None

@@ -124,3 +124,16 @@ def test_a_wrong_gradient_is_attributed_to_its_step():
     bad_grad = Step("bad_grad", lambda x, o: x + (x - x.detach()) * (1.0 if o else 0.0))
     v = judge(Case([(2, 3), (3, 3)], (0,), torch.float64, 0, [ok, bad_grad, ok]))
     assert v.status == "wrong" and v.step == 1 and "gradient of the input" in v.detail
+
+
+def test_a_view_refused_by_torch_strides_only_is_lenient_when_the_answer_is_the_contiguous_one():
+    """padless's windows are contiguous copies (docs/limits.md), so ``x[:, :, :2].view(-1, C)``
+    answers where a sample's strided window refuses ``view``: lenient when padless gives what
+    the step gives that sample made contiguous, wrong otherwise (seed 311623 of the long run)."""
+    window = Step("window", lambda x, o: x[(slice(None),) * (int(o) + 1) + (slice(0, 2),)])
+    view = Step("view rows", lambda x, o: (x.view(-1, 2) * 1.0).view(x.shape))
+    v = judge(Case([(2, 3, 2), (1, 2, 2)], (0, 1), torch.float64, 0, [window, view], mode="no_grad"))
+    assert v.status == "lenient" and v.ok and "contiguous" in v.detail
+    off = Step("view rows, off", lambda x, o: (x.view(-1, 2) * (2.0 if o else 1.0)).view(x.shape))
+    v = judge(Case([(2, 3, 2), (1, 2, 2)], (0, 1), torch.float64, 0, [window, off], mode="no_grad"))
+    assert v.status == "wrong" and not v.ok

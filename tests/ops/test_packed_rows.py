@@ -100,3 +100,86 @@ def test_with_a_nested_operand():
     flat = x.view(-1, 8)
     y = x + flat.view(x.shape)
     torch.testing.assert_close(y.values(), 2 * x.values())
+
+
+@pytest.mark.parametrize("op", ["view", "reshape"])
+@pytest.mark.parametrize("shapes", [[(0, 1), (2, 1), (0, 1)], [(2, 1)]], ids=["with_empty", "one_sample"])
+def test_widened_rows_back_to_the_batch_shape_refused(op, shapes):
+    # rows widened from 1 to 3 columns, then viewed as x.shape: 2 * 3 entries happen to fill
+    # (3, 2, 1) (or (1, 2, 1) * 3), but no sample alone can take its shape back: refused, not
+    # a dense reshape that mixes the samples
+    x, dense = _leaves(shapes)
+    w = torch.randn(3, 1, dtype=torch.float64)
+    rows = F.linear(x.reshape(-1, 1), w)
+    for d in dense:
+        if d.shape[0]:
+            with pytest.raises(RuntimeError, match="invalid"):
+                getattr(F.linear(d.reshape(-1, 1), w), op)(d.shape)
+    with pytest.raises(padless.StructureError, match=rf"{op}\(\): .* starts with that batch's envelope, so each row would "
+                       r"become \(1,\), which does not fit \(sample \d's rows alone, \(2, 3\), cannot take the shape \(2, 1\)\)"):
+        getattr(rows, op)(x.shape)
+    with pytest.raises(padless.StructureError, match="does not fit"):
+        getattr(rows, op)(x.shape[0], x.shape[1], -1, 2)  # 3 columns are no whole number of (·, 2)
+    back = getattr(rows, op)(x.shape[:-1] + (3,))  # the rows' own width: the batch again
+    for got, d in zip(back.unbind(), dense):
+        torch.testing.assert_close(got, F.linear(d, w).detach())
+
+
+def test_rows_of_empty_samples_take_any_row_shape():
+    x, dense = _leaves([(0, 2), (0, 2)])
+    rows = F.linear(x.reshape(-1, 2), torch.randn(3, 2, dtype=torch.float64))
+    y = rows.reshape(x.shape)  # each (0, 3) sample alone reshapes to (0, 2)
+    assert isinstance(y, padless.NestedTensor)
+    for got, d in zip(y.unbind(), dense):
+        assert got.shape == d.shape == (0, 2)
+
+
+@pytest.mark.parametrize("c", [1, 2])
+@pytest.mark.parametrize("sizes", [[(0, 0)], [(1, 1)], [(0, 0), (1, 1)], [(3, 1), (2, 0), (1, 1)]],
+                         ids=["one_empty", "one_1x1", "empty_and_1x1", "second_dim_0_or_1"])
+def test_rows_of_two_ragged_dims_where_a_fold_would_fit(sizes, c):
+    """``x.reshape(-1, C)`` of ``(N_i, M_i, C)`` samples is every real row, also where each
+    ``M_i`` is 0 or 1 (a fold of dim 1 into the batch, then every folded ``(M_i, C)`` read as
+    ``(C,)``, fits by coincidence): the rows come back with ``.view(x.size()[:-1] + (n,))`` as
+    each sample alone gives (the fold was taken: a refusal, or a batch of other samples)."""
+    dense = [torch.randn(n, m, c, dtype=torch.float64) for n, m in sizes]
+    x = padless.from_list([d.clone() for d in dense], ragged_dims=(0, 1))
+    w = torch.randn(3, c, dtype=torch.float64)
+    rows = x.reshape(-1, c)
+    assert isinstance(rows, PackedRows) and rows.shape == (sum(n * m for n, m in sizes), c)
+    y = F.linear(rows, w).view(x.size()[:-1] + (3,))
+    assert isinstance(y, padless.NestedTensor) and y.batch_size == len(sizes)
+    for got, d in zip(y.unbind(), dense):
+        torch.testing.assert_close(got, F.linear(d.reshape(-1, c), w).view(d.size()[:-1] + (3,)))
+
+
+def test_rows_of_a_transposed_pair_batch():
+    """Pairs transposed (ragged dims stored (1, 0)): ``reshape(-1, C)`` is every sample's rows in
+    its own (transposed) order, as each sample alone reshapes, and comes back with
+    ``.reshape(t.shape)``; ``view(-1, C)`` is refused naming the fix (the rows are not adjacent)."""
+    dense = [torch.randn(n, m, 2, dtype=torch.float64) for n, m in [(2, 3), (1, 2), (0, 0)]]
+    t = padless.from_list([d.clone() for d in dense], ragged_dims=(0, 1)).transpose(1, 2)
+    w = torch.randn(2, 2, dtype=torch.float64)
+    rows = t.reshape(-1, 2)
+    assert isinstance(rows, PackedRows)
+    torch.testing.assert_close(rows.as_subclass(torch.Tensor), torch.cat([d.transpose(0, 1).reshape(-1, 2) for d in dense]))
+    y = F.linear(rows, w).reshape(t.shape)
+    for got, d in zip(y.unbind(), dense):
+        u = d.transpose(0, 1)
+        torch.testing.assert_close(got, F.linear(u.reshape(-1, 2), w).reshape(u.shape))
+    with pytest.raises(padless.StructureError, match=r"view\(\): this batch stores its ragged dims in another order .*"
+                       r"storage order \(1, 0\).*Use reshape .*or \.contiguous\(\) first"):
+        t.view(-1, 2)
+    assert isinstance(t.contiguous().view(-1, 2), PackedRows)
+
+
+def test_rows_of_a_transposed_batch_without_elements():
+    """A transposed batch whose samples are all empty (``(0, 5, 3)`` read from ``(3, 5, 0)``):
+    ``view(-1, C)`` copies nothing, so it is the (empty) rows, and comes back with
+    ``.view(t.size()[:-1] + (n,))`` as the sample alone (was read as a fold of 0 samples)."""
+    x = padless.from_list([torch.randn(3, 5, 0, dtype=torch.float64)], ragged_dims=(1, 2))
+    t = x.permute(0, 3, 2, 1)
+    rows = t.view(-1, 3)
+    assert isinstance(rows, PackedRows) and rows.shape == (0, 3)
+    y = F.linear(rows, torch.randn(2, 3, dtype=torch.float64)).view(t.size()[:-1] + (2,))
+    assert isinstance(y, padless.NestedTensor) and y.unbind()[0].shape == (0, 5, 2)

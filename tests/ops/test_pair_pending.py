@@ -417,3 +417,72 @@ def test_all_zero_key_mask_term_is_a_constant(zeros, monkeypatch):
 
     check_samples(fn, ref, [q, k, v, z])
     assert seen == ([2] if zeros else [1]), seen
+
+
+@pytest.mark.parametrize("ns", [[0, 0], [0]], ids=["all_empty", "one_empty_sample"])
+@pytest.mark.parametrize("bias", [False, True])
+def test_attention_on_a_batch_of_empty_samples(ns, bias, modes):
+    """``(q @ k^T).softmax(-1) @ v`` when every sample is empty (``(H, 0, D)`` each): the empty
+    result, as each sample alone gives, values and gradients (the fused node's per-bucket
+    views have a zero extent; they raised ZeroDivisionError)."""
+    q, k, v = [leaves([(2, n, 3) for n in ns], seed=70 + i, ragged=(1,), dtype=F64) for i in range(3)]
+    m = torch.randn(1, 2, 0, 0, dtype=F64)
+
+    def fn(a, b, c):
+        s = (a @ b.transpose(-1, -2)) * 0.5
+        return (s + m if bias else s).softmax(-1) @ c
+
+    def ref(a, b, c):
+        s = (a @ b.transpose(-1, -2)) * 0.5
+        return (s + m[0] if bias else s).softmax(-1) @ c
+
+    out = check_samples(fn, ref, [q, k, v])
+    assert out.shape[:3] == (len(ns), 2, 0) and modes == ["direct"]
+    with torch.no_grad():
+        assert fn(q[0], k[0], v[0]).values().shape == (0, 2, 3)
+
+
+@pytest.mark.parametrize("ns", [[3, 0, 2], [1, 1], [1]], ids=["ragged", "all_one", "one_sample"])
+@pytest.mark.parametrize("per_sample", [False, True], ids=["shared_bias", "padded_bias"])
+@pytest.mark.parametrize("rg", [False, True], ids=["buffer", "param"])
+def test_bias_written_in_place_after_the_forward(ns, per_sample, rg, modes):
+    """``softmax(q @ k^T + bias) @ v`` then ``bias.add_(1)`` under ``no_grad`` (an EMA, a mask
+    reused by the next layer): the backward works and is the dense one, as torch's ``scores +
+    bias`` keeps no bias for its backward (the fused node kept the bias as a saved tensor, and
+    autograd's version check failed the backward)."""
+    (x, dense) = leaves([(2, n, 3) for n in ns], seed=80, ragged=(1,), dtype=F64)
+    b, n = len(ns), max(ns)
+    m = torch.randn((b, 2, n, n) if per_sample else (1, 1, 1, 1), dtype=F64, requires_grad=rg)
+    m0 = m.detach().clone()
+    y = ((x @ x.transpose(-1, -2)) * 0.5 + m).softmax(-1) @ x
+    with torch.no_grad():
+        m.add_(1.0)
+    g = torch.Generator().manual_seed(5)
+    cot = [torch.randn(d.shape, generator=g, dtype=F64) for d in dense]
+    y.backward(padless.from_list(cot, ragged_dims=(1,)))
+    ms = [m0.clone().requires_grad_(rg) for _ in ns]
+    for i, (d, c) in enumerate(zip(dense, cot)):
+        mi = ms[i][i if per_sample else 0][..., : d.shape[1], : d.shape[1]] if per_sample else ms[i][0]
+        yi = ((d @ d.transpose(-1, -2)) * 0.5 + mi).softmax(-1) @ d
+        torch.autograd.backward(yi, c)
+    for got, d in zip(x.grad.unbind(), dense):
+        torch.testing.assert_close(got, d.grad)
+    if rg:  # None where no path reaches it (softmax over one key: its gradient is zero)
+        torch.testing.assert_close(torch.zeros_like(m) if m.grad is None else m.grad, sum(mi.grad for mi in ms))
+    assert modes == ["direct"]
+
+
+def test_double_backward_after_the_bias_changed_in_place_raises():
+    """The fused node recomputes its forward for a double backward (a backward with
+    ``create_graph``): a bias written in place since the forward is refused there (autograd's
+    message for a saved tensor), never read with its new values. The plain backward works
+    (test_bias_written_in_place_after_the_forward)."""
+    (x, _) = leaves([(1, n, 3) for n in [1, 0]], seed=81, ragged=(1,), dtype=F64)
+    xv = x.values().detach().clone().requires_grad_()
+    m = torch.randn(1, 1, 1, 1, dtype=F64)
+    a = _like(xv, x)
+    y = ((a @ a.transpose(-1, -2)) * 0.5 + m).softmax(-1) @ a
+    with torch.no_grad():
+        m.add_(1.0)
+    with pytest.raises(RuntimeError, match=r"modified by an inplace operation: term 0 added to the attention scores"):
+        torch.autograd.grad(y.values().pow(2).sum(), xv, create_graph=True)

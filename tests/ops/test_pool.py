@@ -101,3 +101,31 @@ def test_pool_errors():
     same_width = padless.from_list([torch.randn(3, 4, 4), torch.randn(3, 2, 4)])  # infers ragged dims (1,)
     with pytest.raises(padless.StructureError, match=r"max_pool2d\(\): expected images .* ragged_dims=\(1, 2\)"):
         F.max_pool2d(same_width, 2)
+
+
+@pytest.mark.parametrize("size", [1, 2, (2, 3), 3])
+@pytest.mark.parametrize("values", ["zeros", "two_levels", "nan"])
+@pytest.mark.parametrize("shapes", [[(2, 4, 1), (2, 1, 2), (2, 3, 3)], [(2, 4, 1)]], ids=["three", "one_image"])
+def test_adaptive_max_pool2d_ties_give_the_gradient_to_torchs_pixel(shapes, values, size):
+    """A window whose maximum is held by several pixels (zeros after a ReLU, quantized values,
+    NaN): the gradient goes to the pixel torch's kernel picks (the first maximum, the last NaN),
+    as each image alone gives, not shared between the ties (seed 302880 of the long fuzz run:
+    an operand equal to the input made every pixel 0)."""
+    g = torch.Generator().manual_seed(3)
+    dense = []
+    for s in shapes:
+        t = torch.randint(0, 2, s, generator=g).to(torch.float64)
+        if values == "zeros":
+            t = t * 0
+        elif values == "nan":
+            t = torch.where(torch.rand(s, generator=g) < 0.3, float("nan"), t)
+        dense.append(t.requires_grad_())
+    x = padless.from_list([d.detach().clone() for d in dense], ragged_dims=(1, 2)).requires_grad_()
+    y = F.adaptive_max_pool2d(x, size)
+    cot = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    y.backward(cot)
+    for i, d in enumerate(dense):
+        yi = F.adaptive_max_pool2d(d[None], size)
+        torch.testing.assert_close(y[i], yi[0], equal_nan=True)
+        yi.backward(cot[i : i + 1])
+        torch.testing.assert_close(x.grad.unbind()[i], d.grad)

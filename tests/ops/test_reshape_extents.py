@@ -149,3 +149,23 @@ def test_sizes_of_another_batch_are_refused():
     _, three = _images([(1, 2), (2, 1), (1, 1)], 2)
     with pytest.raises(padless.StructureError, match=r"batch of 3 samples, and this input has 2"):
         x.flatten(2).reshape(2, -1, *three.shape[-2:])
+
+
+@pytest.mark.parametrize("shapes", [[(1, 1, 2), (1, 1, 3)], [(1, 1, 2)], [(2, 1, 1), (2, 1, 3), (2, 1, 2)]],
+                         ids=["two", "one_sample", "three"])  # no empty sample: its -1 is ambiguous alone
+def test_a_size_kept_as_a_static_dim_is_read_back_as_int(shapes):
+    """``x.reshape(B, -1, s1, s2)`` where every sample has the same ``s1`` (read from the shape):
+    the structure keeps that dim static with the plain int, so the result's shape still gives
+    an :class:`Extent` for every ragged dim and a window bounded by it is each sample's own
+    (the static dim kept the Extent object itself, the shape fell back to plain ints, and
+    ``y[..., :y.shape[3] - 1]`` cut every sample at the envelope: seed 313624 of the long
+    fuzz run)."""
+    xs = [torch.randn(s, dtype=torch.float64) for s in shapes]
+    x = padless.from_list(xs, ragged_dims=(1, 2))
+    b, _, s1, s2 = x.shape
+    y = x.reshape(b, -1, s1, s2)
+    assert isinstance(y.shape[-1], padless.tensor.extents.Extent)
+    z = y[..., : y.shape[-1] - 1]
+    for got, t in zip(z.unbind(), xs):
+        u = t.reshape(-1, t.shape[1], t.shape[2])
+        torch.testing.assert_close(got, u[..., : u.shape[-1] - 1])

@@ -283,8 +283,13 @@ class _Fast:
                 sample = [shape[p] for p in perm] if perm is not None else list(shape)
                 formed = [sample[p] for p in form_perm]
                 # (batch, m, k) for a left operand (``lead`` m letters), (batch, k, n) for a right one
-                mid = math.prod(formed[nb:nb + lead]) if lead is not None else math.prod(formed[nb:len(formed) - tail])
-                store.append((shape, _compose(perm, form_perm), (bt, mid, math.prod(formed) // (bt * mid))))
+                if lead is not None:
+                    mid, rest = math.prod(formed[nb:nb + lead]), math.prod(formed[nb + lead:])
+                else:
+                    mid, rest = math.prod(formed[nb:len(formed) - tail]), math.prod(formed[len(formed) - tail:])
+                # the last extent as its own product, not total // (bt * mid): a bucket of empty
+                # samples (L = 0) has no element, and its (bt, 0, d) operands must still view
+                store.append((shape, _compose(perm, form_perm), (bt, mid, rest)))
                 # the gradient (same form) back to the piece's storage order
                 inv_form = layout.inverse_order(form_perm)
                 grad.append((formed, inv_form if perm is None else [inv_form[i] for i in layout.inverse_order(perm)]))
@@ -352,7 +357,7 @@ def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
     da, db, dv, dx = [], [], [], []
     for k, (a3, b3, v3, p3) in enumerate(ctx.saved):
         perm = f.o[k][1]
-        g3 = gemm_ready(gparts[k].view(p2.out_shapes[k]).permute(layout.inverse_order(perm)).reshape(p3.shape[0], p3.shape[1], -1))
+        g3 = gemm_ready(gparts[k].view(p2.out_shapes[k]).permute(layout.inverse_order(perm)).reshape(p3.shape[0], p3.shape[1], v3.shape[2]))
         if need[3]:
             formed, back = f.dv[k]
             dv.append(torch.bmm(p3.transpose(1, 2), g3).view(formed).permute(back))
@@ -390,7 +395,12 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, sp: Spec, a, b, v, x, *terms):
         ctx.sp = sp
-        ctx.save_for_backward(a, b, v, x, *terms)
+        ctx.save_for_backward(a, b, v, x)
+        # the terms are not saved tensors: the backward needs only their shapes, as torch's own
+        # ``scores + bias`` keeps no bias (a write to a mask after the forward must not fail the
+        # backward); only the double backward reads them again, and checks they are unchanged
+        ctx.terms = terms
+        ctx.term_versions = tuple(None if t.is_inference() else t._version for t in terms)
         if sp.fast is not None:
             out, ctx.saved = _attend_fast(sp, a, b, v, terms)
         else:
@@ -400,10 +410,12 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         sp = ctx.sp
-        a, b, v, x, *terms = ctx.saved_tensors
+        a, b, v, x = ctx.saved_tensors
+        terms = ctx.terms
         need = ctx.needs_input_grad
         inputs = (a, b, v, x, *terms)
         if torch.is_grad_enabled():  # double backward: the forward again, differentiable
+            _check_terms(ctx)
             want = [t for t, n in zip(inputs, need[1:]) if t is not None and n]
             out = _attend(sp, a, b, v, x, terms)[0]
             got = iter(torch.autograd.grad(out, want, g, create_graph=True, allow_unused=True))
@@ -424,3 +436,16 @@ class Attention(torch.autograd.Function):
                 d = (rows * coef if coef != 1.0 else rows).sum_to_size(t.shape)
             dterms.append(d)
         return (None, da, db, dv, dx, *dterms)
+
+
+def _check_terms(ctx) -> None:
+    """The double backward recomputes the forward from the terms: refuse one written in place
+    since (autograd's own error for a saved tensor)."""
+    for k, (t, version) in enumerate(zip(ctx.terms, ctx.term_versions)):
+        if version is not None and t._version != version:
+            raise RuntimeError(
+                "one of the variables needed for gradient computation has been modified by an inplace operation: "
+                f"term {k} added to the attention scores (shape {tuple(t.shape)}) is at version {t._version}; "
+                f"expected version {version} instead. padless's fused attention recomputes its forward for a "
+                "double backward; change the term out of place, or after the backward"
+            )

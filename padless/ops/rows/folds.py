@@ -372,6 +372,8 @@ def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor 
             return None  # x.reshape(-1, C) of sequences: every row (shape_idioms.flatten_rows)
         if not nt._ragged:
             return None
+        if _rows_target(nt, raw):
+            return None  # x.reshape(-1, C) of pairs: every row, also where the sizes would let a fold fit
     elif not folds_traced.same(lead, b * n):
         return None
     elif type(lead) is int and type(n) is int and n == 1 and 0 in nt._ragged:
@@ -393,6 +395,17 @@ def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor 
             f"{op}(): the target {_fmt(raw)} folds dim 1 of envelope {tuple(nt.shape)} into the batch "
             f"({folded.batch_size} samples of envelope {tuple(folded.shape[1:])}), and then: {e}"
         ) from None
+
+
+def _rows_target(nt: NestedTensor, raw: Sequence[Any]) -> bool:
+    """``(-1, *tail)`` whose plain-int ``tail`` spans only the static dims of samples whose
+    ragged dims come first (stored in any order): every real row (:func:`padless.ops.rows.shape_idioms.flatten_rows`), as
+    each sample alone reads it (``(N_i * M_i, C)``). A fold then reshaping every folded sample
+    ``(M_i, C)`` to ``tail`` fits only where each ``M_i`` is 0 or 1, by coincidence."""
+    k = len(nt._ragged)
+    tail = raw[1:]
+    return (tuple(sorted(nt._ragged)) == tuple(range(k)) and len(tail) <= nt.sample_dim - k
+            and all(type(t) is int and t >= 0 for t in tail))
 
 
 def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor | None:

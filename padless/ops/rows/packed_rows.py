@@ -155,6 +155,26 @@ def _fmt_sizes(hs: Tensor) -> str:
     return ", ".join(str(r) for r in rows[:4]) + (", ..." if len(rows) > 4 else "")
 
 
+def _refuse_tail(func, target: list, origin: NestedTensor, rows: Tensor) -> None:
+    """The target starts with the batch's envelope, but its tail does not hold a row: every
+    non-empty sample alone fails this view, so the batch refuses it (the dense view of all the
+    rows, which may happen to have the element count, is not what any sample computes)."""
+    op = "view" if func is Tensor.view else "reshape"
+    k = len(origin._ragged)
+    hs = origin.host_sizes()
+    i = next(i for i, n in enumerate(hs[:, list(origin._ragged)].prod(1).tolist()) if n)
+    own = tuple(int(n) for n in hs[i].tolist())
+    lead = tuple(own[d] for d in origin._ragged)
+    tail = tuple(int(t) for t in target[1 + k :])
+    raise StructureError(
+        f"{op}(): these {rows.shape[0]} rows have {tuple(rows.shape[1:])} entries each and are the packed rows of a "
+        f"batch of {origin.batch_size} samples; the target {tuple(int(t) for t in target)} starts with that batch's "
+        f"envelope, so each row would become {tail}, which does not fit (sample {i}'s rows alone, "
+        f"{lead + tuple(rows.shape[1:])}, cannot take the shape {lead + tail}). View the rows back with their own "
+        f"last dims (x.shape[:-1] + tuple(rows.shape[1:])), or map them back to {tail} first"
+    )
+
+
 def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> NestedTensor | None:
     rows = args[0]
     if not isinstance(rows, PackedRows) or rows.dim() == 0 or rows.shape[0] != origin._values.shape[0]:
@@ -173,10 +193,15 @@ def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> Nes
     if tail.count(-1) == 1:
         known = math.prod(t for t in tail if t != -1)
         if known == 0 or per_row % known:
-            return None
+            return _refuse_tail(func, target, origin, rows) if rows.shape[0] else None
         tail[tail.index(-1)] = per_row // known
-    if any(t < 0 for t in tail) or math.prod(tail) != per_row:
-        return None
+    if any(t < 0 for t in tail):
+        return None  # the dense op's own error
+    if math.prod(tail) != per_row and rows.shape[0]:
+        # the target is the batch's envelope, so each row must become ``tail``: a dense
+        # reshape that only happens to have the element count would mix the samples (with
+        # no rows at all, every sample alone takes the shape: the batch does too)
+        _refuse_tail(func, target, origin, rows)
     with torch._C.DisableTorchFunctionSubclass():
         plain = rows.as_subclass(Tensor)
         vals = plain.view(plain.shape[0], *tail) if func is Tensor.view else plain.reshape(plain.shape[0], *tail)

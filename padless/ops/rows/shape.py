@@ -27,6 +27,7 @@ from torch import Tensor
 
 from padless.ops.common.structure import RAGGED, STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
 from padless.tensor.autograd import nested_from_values, values_of
+from padless.tensor.behaviour import contiguous as canonical_layout
 from padless.tensor.convert import select_samples
 from padless.tensor.core import (
     NestedTensor,
@@ -106,6 +107,19 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
         if merged_or_split is not None:
             return merged_or_split
         flat = flatten_rows(nt, target, op)  # (-1, C): every real row, dense (it leaves the batch)
+        if flat is None and nt._ragged != tuple(sorted(nt._ragged)) and target and target[0] == -1:
+            # ragged dims stored in another order (after a transpose): each sample's reshape
+            # copies its elements in sample-dim order, as the batch's contiguous() stores them
+            canonical = canonical_layout(torch.Tensor.contiguous, nt)
+            if op == "reshape" or nt._values.shape[0] == 0:  # no element: a view copies nothing
+                flat = flatten_rows(canonical, target, op)
+            elif flatten_rows(canonical, target, "reshape") is not None:
+                raise StructureError(
+                    f"view(): this batch stores its ragged dims in another order than its shape lists them (storage "
+                    f"order {nt._ragged}, after a transpose), so the rows of view{tuple(int(t) for t in target)} are "
+                    "not adjacent in its memory, and view() never copies. Use reshape (each sample's rows in order, "
+                    "copied), or .contiguous() first"
+                ) from None
         if flat is None:
             raise
         return flat

@@ -178,7 +178,9 @@ def reshape_by_extents(nt: NestedTensor, target: list[Any], op: str, static_path
     if dims is not None:
         own = sample_columns(nt)
         if fits([own[n] if kind == RAGGED else (n,) * b for kind, n in dims]):
-            return static_path(dims)
+            # a static dim's size may be an Extent whose samples all have that size: the
+            # structure keeps the plain int (its shape then reads every ragged dim as an Extent)
+            return static_path([(kind, n if kind == RAGGED else int(n)) for kind, n in dims])
     out = reshape_ragged(nt, target, op, reinterpreting=False)
     if out is not None and fits(sample_columns(out)):
         return out

@@ -257,11 +257,32 @@ def _adaptive(op: str, x: Any, output_size, reduce: str) -> Tensor:
     if reduce == "mean":
         out = v.new_zeros((b * oh * ow, c)).index_add(0, cell, src) / count.to(v.dtype).unsqueeze(1)
     else:
-        out = v.new_zeros((b * oh * ow, c)).scatter_reduce(0, cell.unsqueeze(1).expand(-1, c), src, "amax", include_self=False)
+        out = src.gather(0, _first_max(src, cell, b * oh * ow))
     out = out.view(b, oh, ow, c).permute(0, 3, 1, 2)
     # a map of several cells remembers its batch: F.interpolate(pooled, size=x.shape[2:]) then
     # brings each image's map to its own size (pyramid pooling; padless.ops.vision.batch_dense)
     return batch_dense(out, x._lineage) if oh * ow > 1 and not torch.compiler.is_compiling() else out
+
+
+def _first_max(src: Tensor, cell: Tensor, cells: int) -> Tensor:
+    """Per cell and channel, the position in ``src`` (pixels of a window in row-major order, the
+    windows one after another) of the pixel torch's adaptive max pooling picks: the first
+    maximum, or the last NaN (its kernel keeps a pixel when ``val > max or isnan(val)``). The
+    gradient goes to that pixel alone, as in torch, also where a window holds ties (a ReLU's
+    zeros). ``(cells, C)`` int64, no sync."""
+    c = src.shape[1]
+    idx = cell.unsqueeze(1).expand(-1, c)
+    with torch.no_grad():
+        s = src.detach()
+        best = s.new_zeros((cells, c)).scatter_reduce(0, idx, s, "amax", include_self=False)
+        n = s.shape[0]
+        pos = torch.arange(n, device=s.device).unsqueeze(1).expand(-1, c)
+        nan = s.isnan()
+        first = torch.where(s == best.index_select(0, cell), pos, n)
+        pick = torch.full((cells, c), n, dtype=torch.int64, device=s.device).scatter_reduce(0, idx, first, "amin")
+        last_nan = torch.full((cells, c), -1, dtype=torch.int64, device=s.device)
+        last_nan = last_nan.scatter_reduce(0, idx, torch.where(nan, pos, -1), "amax")
+        return torch.where(last_nan >= 0, last_nan, pick)
 
 
 @implements(F.adaptive_avg_pool2d, accepts="packed images (C, H_i, W_i)")
@@ -273,8 +294,9 @@ def adaptive_avg_pool2d(func, input: NestedTensor, output_size) -> Tensor:
 
 @implements(F.adaptive_max_pool2d, accepts="packed images (C, H_i, W_i)")
 def adaptive_max_pool2d(func, input: NestedTensor, output_size, return_indices: bool = False) -> Tensor:
-    """``F.adaptive_max_pool2d`` / ``nn.AdaptiveMaxPool2d`` (dense ``(B, C, oh, ow)``). Ties inside a
-    window share the gradient (torch gives it to one of them); ``return_indices`` is refused."""
+    """``F.adaptive_max_pool2d`` / ``nn.AdaptiveMaxPool2d`` (dense ``(B, C, oh, ow)``). The gradient
+    goes to the pixel torch picks (the first maximum of a window, also among ties);
+    ``return_indices`` is refused."""
     if return_indices:
         raise NotImplementedError("adaptive_max_pool2d(): return_indices=True is not supported on a NestedTensor")
     return _adaptive("adaptive_max_pool2d", input, output_size, "amax")

@@ -13,8 +13,8 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 
 from __future__ import annotations
 
-from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
-from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
+from padless.testing.fuzz.padded import OPERAND_DATA_WRITE
+from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.layouts import FOLD_EXTENT_LEAD
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
@@ -24,15 +24,6 @@ INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    PACKED_ROWS: "found by this fuzzer (not in issue 39): packed rows widened to n != C columns, then "
-    ".reshape(x.shape), fall through to a plain dense reshape when the element counts happen to match, "
-    "instead of refusing the mismatch per sample (padless/ops/rows/packed_rows.py)",
-    EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
-    "are all empty ((H, 0, D) each) raises (a ZeroDivisionError) where dense gives the empty result",
-    SCORES_OPERAND_WRITE: "found by this fuzzer (not in issue 39): softmax(q @ k^T + bias) @ v with a dense bias that "
-    "broadcasts onto the scores (extent 1 along the ragged dims, e.g. (1, 1, 1, 1) when every L_i is 1) keeps the "
-    "bias itself for the backward, so an in-place write to it after the forward (with torch.no_grad(): "
-    "bias.add_(1)) fails the backward with autograd's version error; dense eager keeps no bias there",
 }
 
 KNOWN_GAPS: dict[str, str] = {
@@ -42,7 +33,8 @@ KNOWN_GAPS: dict[str, str] = {
     EXTENT_MINMAX: "documented (docs/tensor.md, envelope extents; issue 39 #2): max()/min() of sizes read from one "
     "batch's shape whose order differs between samples is refused, naming padless.extent_max / extent_min",
     FLATTEN_TRANSPOSED: "documented (docs/limits.md, ops): flatten() of two ragged dims stored in the other order "
-    "(after a transpose) is refused: their elements are not adjacent in each sample's rows; .contiguous() first",
+    "(after a transpose), and view(-1, C) of such a batch, are refused: their elements are not adjacent in each "
+    "sample's rows; .contiguous() first (reshape(-1, C) copies the rows in order)",
     STACK_WRITE: "documented (docs/tokens.md, stacking): torch.stack of NestedTensors keeps copy semantics "
     "without copying: a StackedBatch whose member was written in place after stacking refuses every use, "
     "naming the fix (stack after the write, or stack clones)",

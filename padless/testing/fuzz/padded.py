@@ -76,6 +76,8 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
         # (an in-place add to a parameter mid-forward is left out: whether a backward then
         # fails on a saved version depends on torch's backend, on both sides)
         write = c.choice([None, None] + list(WRITES[:2] if boolean or rg else WRITES))
+        aligned = [1] * (1 + d_n - len(shape)) + shape
+        gathered = any(aligned[1 + j] != 1 for j in ragged)  # read in padded coordinates, not broadcast
         base = seeded(seed, big, x.dtype)
         if boolean:
             base = base > 0
@@ -86,10 +88,13 @@ def padded_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                 d = d[(slice(None),) * lead + tuple(slice(0, t.shape[o + j]) if d.shape[lead + j] != 1 else slice(None)
                                                     for j in range(d_n))]
             r = o.at(d, t.shape[o:])
-            # a bool mask the dense op saves for its backward: the reference snapshots it, as the
-            # padded read does (a .data write between the two reads would otherwise change what the
-            # dense backward reads, torch's own undefined behaviour for a saved tensor)
-            return r.clone() if boolean and not o else r
+            # a bool mask the dense op saves for its backward (torch.where), then written through
+            # .data before the backward: torch's backward reads the written mask (a .data write
+            # moves no version counter). padless does the same where the operand broadcasts (extent
+            # 1 on every ragged dim: the op saves the operand itself), but a read in padded
+            # coordinates is a gather at read time (docs/tensor.md), so its backward keeps the mask
+            # as read: the reference snapshots the mask there only
+            return r.clone() if boolean and gathered and not o else r
 
         def use(t, o, v, k):
             if kind == "add":

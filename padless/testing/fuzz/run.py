@@ -11,7 +11,9 @@ operands, :class:`padless.testing.fuzz.core.Side`), under the case's mode. The o
   sample raises) at the step where some sample alone raises too (that sample has no value to
   compare with): a correct outcome;
 * ``lenient``: padless gave an empty sample an empty result where torch refuses that empty
-  sample alone (``interpolate`` to a size of 0): counted, not a failure;
+  sample alone (``interpolate`` to a size of 0), or answered a ``view`` that torch refuses
+  only for a sample's strides (a window of a ragged dim is a contiguous copy in padless) with
+  what the sample made contiguous gives: counted, not a failure;
 * ``gap``: padless refused (``StructureError``/``NotImplementedError``) a step every sample
   runs: code with one clear meaning that padless does not take;
 * ``wrong``: a value, structure or gradient differs, or padless answered where a sample
@@ -206,11 +208,11 @@ def _judge(case: Case) -> Verdict:
             return _verdict(case, "error", k_nt, f"raised {type(e).__name__}: {e} (sample {i} alone raises "
                             f"{type(refs[i].error).__name__}: a refusal should be clear)")
         if k_dense is not None and k_dense < k_nt:
-            return _answered(case, nt, got, refs, k_dense)
+            return _answered(case, nt, got, refs, k_dense, dense)
         status = "gap" if isinstance(e, REFUSALS) else "error"
         return _verdict(case, status, k_nt, f"raised {type(e).__name__}: {e}")
     if k_dense is not None:
-        return _answered(case, nt, got, refs, k_dense)
+        return _answered(case, nt, got, refs, k_dense, dense)
     if not grad:
         return Verdict("pass")
     try:
@@ -229,9 +231,15 @@ def _first_failing(refs: list[Trace]) -> int:
     return next(i for i, r in enumerate(refs) if r.error_step == k)
 
 
-def _answered(case: Case, nt, got: Trace, refs: list[Trace], k: int) -> Verdict:
+_VIEW_STRIDES = "view size is not compatible with input tensor's size and stride"
+
+
+def _answered(case: Case, nt, got: Trace, refs: list[Trace], k: int, dense: list[Tensor]) -> Verdict:
     """padless ran step ``k`` where some samples alone raise: lenient when each of them is
-    empty and padless's result for it is empty too, else wrong."""
+    empty and padless's result for it is empty too, or when each of them raises only torch's
+    ``view`` stride error on a strided sample while padless's input is contiguous (a window of
+    a ragged dim is a contiguous copy, docs/limits.md) and padless's result is what the step
+    gives that sample made contiguous; else wrong."""
     x = got.outs[k - 1] if k else nt
     y = got.outs[k]
     failing = [i for i, r in enumerate(refs) if r.error_step == k]
@@ -241,6 +249,25 @@ def _answered(case: Case, nt, got: Trace, refs: list[Trace], k: int) -> Verdict:
     what = f"sample {failing[0]} alone raises {type(e).__name__}: {str(e)[:300]}"
     if empty_in and empty_out:
         return _verdict(case, "lenient", k, f"padless gave an empty result where {what}")
+    strided = all(isinstance(refs[i].error, RuntimeError) and _VIEW_STRIDES in str(refs[i].error) for i in failing)
+    if strided and isinstance(x, NestedTensor) and x.is_contiguous():
+        outs = []
+        for i, r in enumerate(refs):
+            if r.error_step != k:
+                outs.append(r.outs[k])
+                continue
+            s = r.outs[k - 1] if k else dense[i]
+            with mode_context(case.mode):
+                try:
+                    outs.append(case.steps[k].fn(s.contiguous(), r.side))
+                except Exception:  # noqa: BLE001 - not only the strides: padless should have refused
+                    return _verdict(case, "wrong", k, f"padless answered where {what}")
+        rtol, atol = TOLERANCES[case.dtype]
+        scale = max([1.0] + [_magnitude(o) for o in outs])
+        diff = _close("output", y, outs, rtol, atol * scale)
+        if diff is None:
+            return _verdict(case, "lenient", k, f"padless's contiguous input answered where {what}")
+        return _verdict(case, "wrong", k, diff)
     return _verdict(case, "wrong", k, f"padless answered where {what}")
 
 

@@ -173,8 +173,10 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
                     return getattr(rws, op)(t.shape)
                 return rws.view(t.size()[:-1] + (n,))
 
-            return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows",
-                        tags=frozenset({PACKED_ROWS}))
+            tags = {PACKED_ROWS}
+            if op == "view" and tuple(x._ragged) != tuple(sorted(x._ragged)):
+                tags.add(FLATTEN_TRANSPOSED)  # rows of ragged dims stored transposed: view refuses
+            return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows", tags=frozenset(tags))
 
         out["rows"].append(rows)
     return {f: b for f, b in out.items() if b}
