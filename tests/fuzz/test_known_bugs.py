@@ -30,7 +30,6 @@ TARGETS = {
     "view_reinterpret": ({"reshape"}, "images", {"no_grad"}),
     "images_transposed": ({"basic", "interpolate", "batch_dense"}, "images", {"no_grad"}),
     "flatten_transposed": ({"basic", "reshape"}, "images", {"no_grad"}),
-    "fold_extent_lead": ({"layout"}, "pairs", None),
 }
 
 TRIES = 400

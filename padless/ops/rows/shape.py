@@ -75,7 +75,19 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
     """``reshape``/``view``; ``trusted``: the target's sizes come from a batch whose ragged sizes
     were checked to be ``nt``'s (``reshape_as``)."""
     raw = list(shape_arg(shape))  # before int_entries: size entries that remember each sample's size
-    raw = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
+    if folds.folds_own_dim(nt, raw):  # z.reshape(B * N, M, d), N = z.shape[1]: the fold, nothing else
+        return folds.fold_reshape(nt, raw, op)
+    entry = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
+    if entry is not raw:
+        # B * N == B where the folded dim's envelope is 1: (B, N, ...) unfolds first (the parent's
+        # empty samples come back), the folded batch entry where that does not fit
+        try:
+            unfolded = folds.unfold_reshape(nt, raw, op)
+        except StructureError:
+            unfolded = None
+        if unfolded is not None:
+            return unfolded
+    raw = entry
     unfolded = folds.unfold_reshape(nt, raw, op)  # (b i) j d -> b i j d (padless.ops.rows.folds)
     if unfolded is not None:
         return unfolded

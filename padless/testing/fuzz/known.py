@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
 from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
-from padless.testing.fuzz.layouts import FOLD_EXTENT_LEAD
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
 
@@ -36,9 +35,6 @@ KNOWN_BUGS: dict[str, str] = {
 }
 
 KNOWN_GAPS: dict[str, str] = {
-    FOLD_EXTENT_LEAD: "found by this fuzzer (issue 41, open): z.reshape(B * N, M, d) with N read from the shape "
-    "(so B * N is a size read from the shape too) is refused when the per-sample reading of B * N does not fit "
-    "(batches whose samples all have one size, or an empty sample); z.reshape(-1, M, d) folds",
     EXTENT_MINMAX: "documented (docs/tensor.md, envelope extents; issue 39 #2): max()/min() of sizes read from one "
     "batch's shape whose order differs between samples is refused, naming padless.extent_max / extent_min",
     FLATTEN_TRANSPOSED: "documented (docs/limits.md, ops): flatten() of two ragged dims stored in the other order "

@@ -12,10 +12,6 @@ import torch.nn.functional as F
 from padless.tensor.core import NestedTensor
 from padless.testing.fuzz.core import Chooser, Step, seeded
 
-# tags (see padless.testing.fuzz.known)
-FOLD_EXTENT_LEAD = "fold_extent_lead"
-
-
 def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callable[[], Step]]]:
     """Builders of the layout steps that apply to ``x``."""
     out: dict[str, list[Callable[[], Step]]] = {"layout": []}
@@ -36,8 +32,7 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                 zf = t.reshape(b * n, m, e)  # '(b i) j d'
                 return _row_op(zf, red, 1).reshape(b, n, m, e)
 
-            return Step(f"fold rows (b i) j d, {red} over j, unfold", fn, family="layout",
-                        tags=frozenset({FOLD_EXTENT_LEAD}))
+            return Step(f"fold rows (b i) j d, {red} over j, unfold", fn, family="layout")
 
         out["layout"].append(fold_rows)
 
