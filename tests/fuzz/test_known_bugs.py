@@ -26,7 +26,6 @@ TARGETS = {
     "empty_attention": ({"padded"}, "heads", {"no_grad"}),
     "scores_operand_write": ({"padded"}, "heads", {"grad"}),
     "window_extent_bound": ({"window"}, "tokens", {"no_grad"}),
-    "packed_rows": ({"rows"}, "tokens", {"no_grad"}),
     "view_reinterpret": ({"reshape"}, "images", {"no_grad"}),
     "images_transposed": ({"basic", "interpolate", "batch_dense"}, "images", {"no_grad"}),
     "flatten_transposed": ({"basic", "reshape"}, "images", {"no_grad"}),

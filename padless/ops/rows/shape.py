@@ -111,6 +111,12 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
     try:
         dims = match_target(nt, target, op)
     except StructureError:
+        if target[0] == -1 and len(target) > 1 and math.prod(target[1:]) == math.prod(nt._values.shape[1:]):
+            # (-1, C) of pairs: every row (as the padded code means it), also where a fold of an
+            # envelope of 1 ((N_i, 1, C) samples, or none with rows) would fit the target too
+            flat = flatten_rows(nt, target, op)
+            if flat is not None:
+                return flat
         folded = folds.fold_reshape(nt, raw, op)  # b i j d -> (b i) j d, b h l d -> (b h) l d
         if folded is not None:
             return folded

@@ -14,7 +14,7 @@ correct outcome and needs no entry); only a refusal is excused by a gap entry.
 from __future__ import annotations
 
 from padless.testing.fuzz.padded import EMPTY_ATTENTION, OPERAND_DATA_WRITE, SCORES_OPERAND_WRITE
-from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, PACKED_ROWS, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
+from padless.testing.fuzz.shapes import EXTENT_MINMAX, FLATTEN_TRANSPOSED, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
 
@@ -23,9 +23,6 @@ INFERENCE_MODE = "inference_mode"
 GRAD_INTERMEDIATE = "grad_intermediate"
 
 KNOWN_BUGS: dict[str, str] = {
-    PACKED_ROWS: "found by this fuzzer (not in issue 39): packed rows widened to n != C columns, then "
-    ".reshape(x.shape), fall through to a plain dense reshape when the element counts happen to match, "
-    "instead of refusing the mismatch per sample (padless/ops/rows/packed_rows.py)",
     EMPTY_ATTENTION: "found by this fuzzer (not in issue 39): (q @ k^T).softmax(-1) @ v on a batch whose samples "
     "are all empty ((H, 0, D) each) raises (a ZeroDivisionError) where dense gives the empty result",
     SCORES_OPERAND_WRITE: "found by this fuzzer (not in issue 39): softmax(q @ k^T + bias) @ v with a dense bias that "

@@ -23,7 +23,6 @@ from padless.testing.fuzz.core import Chooser, Step, seeded
 RESHAPE_EXTENTS = "reshape_extents"
 VIEW_REINTERPRET = "view_reinterpret"
 RESHAPE_PLAIN = "reshape_plain"
-PACKED_ROWS = "packed_rows"
 EXTENT_MINMAX = "extent_minmax"
 FLATTEN_TRANSPOSED = "flatten_transposed"
 
@@ -173,8 +172,7 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
                     return getattr(rws, op)(t.shape)
                 return rws.view(t.size()[:-1] + (n,))
 
-            return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows",
-                        tags=frozenset({PACKED_ROWS}))
+            return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows")
 
         out["rows"].append(rows)
     return {f: b for f, b in out.items() if b}
