@@ -134,3 +134,38 @@ def test_rows_of_a_batch_without_rows_view_back_at_any_width():
     wide = x.view(-1, 4) @ torch.randn(4, 3, dtype=torch.float64)
     back = wide.view(x.shape)
     assert isinstance(back, padless.NestedTensor) and back.sizes().tolist() == [[0, 4], [0, 4]]
+
+
+@pytest.mark.parametrize("batch", [BATCHES["pairs"], BATCHES["tokens"]], ids=["pairs", "tokens"])
+def test_rows_split_into_chunks_and_joined_are_the_batch(batch):
+    """``torch.cat([f(c) for c in rows.split(k)])`` (the chunked forward written with a join)."""
+    shapes, ragged = batch
+    torch.manual_seed(0)
+    lin = nn.Linear(C, C2).double()
+
+    def fn(x):
+        rows = x.reshape(-1, C)
+        return torch.cat([torch.relu(lin(c)) for c in rows.split(CHUNK)] or [lin(rows)]).reshape(*x.shape[:-1], C2)
+
+    out = check_samples(fn, lambda s: fn(s[None])[0] + 0 * s.sum(), [leaves(shapes, ragged=ragged, dtype=torch.float64)])
+    assert isinstance(out, padless.NestedTensor)
+    x, _ = leaves(shapes, ragged=ragged)
+    parts = x.reshape(-1, C).split(CHUNK)
+    if len(parts) > 1:
+        assert type(torch.cat(parts[::-1])) is torch.Tensor  # out of order: not the rows
+
+
+def test_sizes_read_from_a_batch_rebuilt_from_rows_apply_through_a_fold():
+    """A batch rebuilt from its rows is the batch's own samples: ``N``, ``M`` read from its shape
+    give every folded sample its parent's size (here ``sum N_i == B``, where reading them as the
+    folded batch's own sizes would fit the count and be wrong)."""
+    torch.manual_seed(0)
+
+    def fn(x):
+        t = torch.nn.functional.layer_norm(x.reshape(-1, 2), (2,)).view(x.size()[:-1] + (2,))
+        B, N, M = t.shape[0], t.shape[1], t.shape[2]
+        return t.reshape(B * N, M, 2).softmax(1).reshape(B, N, M, 2)
+
+    out = check_samples(fn, lambda s: fn(s[None])[0], [leaves([(2, 2, 2), (1, 1, 2), (0, 0, 2)], ragged=(0, 1),
+                                                              dtype=torch.float64)])
+    assert out.sizes().tolist() == [[2, 2, 2], [1, 1, 2], [0, 0, 2]]

@@ -79,9 +79,16 @@ class PackedRows(Tensor):
                 return back
         with torch._C.DisableTorchFunctionSubclass():
             out = func(*args, **kwargs)
-        if origin is None or func is Tensor.__repr__ or not _agree(owner, args, kwargs):
-            return out  # rows of two batches, or two ranges of one (rows[:5] + rows[5:10]): plain
+        if origin is None or func is Tensor.__repr__:
+            return out
         name = getattr(func, "__name__", "")
+        span = _joined_span(args, kwargs) if name in _JOIN else None
+        if span is not None:  # torch.cat([f(rows[0:3]), f(rows[3:6])]): the rows 0:6
+            return _keep(out, origin, span)
+        if not _agree(owner, args, kwargs):
+            return out  # rows of two batches, or two ranges of one (rows[:5] + rows[5:10]): plain
+        if name in _PIECES and args[0] is owner and _along_dim0(args, kwargs, owner.dim()):
+            return _pieces(out, origin, _abs_span(owner)[0])  # rows.split(chunk): consecutive chunks
         if name in _NEW:  # out = rows.new_zeros((T, C2)): the batch's rows, to be filled
             return _keep(out, origin, None) if _rows_sized(out, _rows(origin)) else out
         if name == "__getitem__" and args[0] is owner:
@@ -95,6 +102,46 @@ class PackedRows(Tensor):
 
 
 _NEW = {"new_empty", "new_zeros", "new_ones", "new_full"}
+_PIECES = {"split", "chunk", "tensor_split", "split_with_sizes"}
+_JOIN = {"cat", "concat", "concatenate"}
+
+
+def _along_dim0(args: tuple, kwargs: dict, ndim: int) -> bool:
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    return isinstance(dim, int) and ndim > 0 and dim % ndim == 0
+
+
+def _pieces(out: Any, origin: NestedTensor, start: int) -> Any:
+    """The pieces of a split along dim 0, each a chunk of the rows it holds (in order)."""
+    if type(out) not in (tuple, list) or not all(type(o) is Tensor and o.dim() >= 1 for o in out):
+        return out
+    kept = []
+    for o in out:
+        kept.append(packed_rows(o, origin, _normal((start, start + o.shape[0]), origin)))
+        start += o.shape[0]
+    return type(out)(kept)
+
+
+def _joined_span(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """The rows ``torch.cat`` of chunks along dim 0 holds: consecutive chunks of one batch's rows."""
+    tensors = args[0] if args else kwargs.get("tensors")
+    dim = kwargs.get("dim", kwargs.get("axis", args[1] if len(args) > 1 else 0))
+    if not isinstance(tensors, (tuple, list)) or not tensors or not all(type(t) is PackedRows for t in tensors):
+        return None
+    first = tensors[0]
+    if not isinstance(dim, int) or first.dim() == 0 or dim % first.dim() != 0:
+        return None
+    origin = first.__dict__.get("_origin")
+    spans = [_abs_span(t) for t in tensors]
+    if origin is None or any(not _same_rows(origin, t.__dict__.get("_origin", origin)) for t in tensors[1:]):
+        return None
+    if any(a[1] != b[0] for a, b in zip(spans, spans[1:])):
+        return None  # not consecutive: rows out of order
+    return (spans[0][0], spans[-1][1])
+
+
+def _normal(span: tuple[int, int], origin: NestedTensor) -> tuple[int, int] | None:
+    return None if span == (0, _rows(origin)) else span
 
 
 def packed_rows(rows: Tensor, origin: NestedTensor, span: tuple[int, int] | None = None) -> PackedRows:
@@ -161,7 +208,7 @@ def _keep(out: Any, origin: NestedTensor, span: tuple[int, int] | None) -> Any:
     if isinstance(out, (tuple, list)):
         return type(out)(_keep(o, origin, span) for o in out) if type(out) in (tuple, list) else out
     if type(out) is Tensor and out.dim() >= 1 and out.shape[0] == _length(origin, span):
-        return packed_rows(out, origin, None if span == (0, _rows(origin)) else span)
+        return packed_rows(out, origin, None if span is None else _normal(span, origin))
     return out
 
 
@@ -345,4 +392,7 @@ def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> Nes
     with torch._C.DisableTorchFunctionSubclass():
         plain = rows.as_subclass(Tensor)
         vals = plain.view(plain.shape[0], *tail) if func is Tensor.view else plain.reshape(plain.shape[0], *tail)
-        return restructure(origin, vals, [(RAGGED, d) for d in range(k)] + [(STATIC, n) for n in tail])
+        out = restructure(origin, vals, [(RAGGED, d) for d in range(k)] + [(STATIC, n) for n in tail])
+    if out._lineage is None and not torch.compiler.is_compiling():
+        out._lineage = origin._lineage  # the batch's own samples: sizes read from either apply to both
+    return out

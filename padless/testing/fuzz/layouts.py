@@ -38,7 +38,7 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
 
     if tokens or pairs:
         def chunk_rows() -> Step:
-            alloc, size = c.choice(["empty", "new_zeros", "from_chunk", "empty_like"]), c.integer(1, 4)
+            alloc, size = c.choice(["empty", "new_zeros", "from_chunk", "empty_like", "cat"]), c.integer(1, 4)
             w2 = e if alloc == "empty_like" else c.integer(1, 3)
             w = seeded(seed + 2, (w2, e), x.dtype)
 
@@ -100,6 +100,8 @@ def _chunked_rows(t, alloc: str, size: int, f: Callable, e: int, w2: int):
     n = rows.shape[0]
     if n == 0:  # no rows (a sample alone, or a batch of empty samples): no chunk; keep the graph
         return f(rows).reshape(*other, w2)
+    if alloc == "cat":  # the chunked forward written with a join
+        return torch.cat([f(p) for p in rows.split(size)]).reshape(*other, w2)
     out = None
     if alloc == "empty":
         out = torch.empty((n, w2), dtype=rows.dtype)

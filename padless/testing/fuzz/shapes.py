@@ -23,6 +23,7 @@ from padless.testing.fuzz.core import Chooser, Step, seeded
 RESHAPE_EXTENTS = "reshape_extents"
 VIEW_REINTERPRET = "view_reinterpret"
 RESHAPE_PLAIN = "reshape_plain"
+ROWS_REORDERED = "rows_reordered"
 EXTENT_MINMAX = "extent_minmax"
 FLATTEN_TRANSPOSED = "flatten_transposed"
 
@@ -172,7 +173,8 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
                     return getattr(rws, op)(t.shape)
                 return rws.view(t.size()[:-1] + (n,))
 
-            return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows")
+            return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows",
+                        tags=frozenset({ROWS_REORDERED}))
 
         out["rows"].append(rows)
     return {f: b for f, b in out.items() if b}
