@@ -26,7 +26,9 @@ transition)::
 A slice ``rows[s:e]`` along dim 0 is a *row chunk*: PackedRows that remember the row range
 ``s:e`` of their batch (``_span``), kept by row-wise work like the full rows. ``new_empty``,
 ``new_zeros``, ``new_ones``, ``new_full`` of packed rows or of a chunk, with the batch's row
-count ``T`` on dim 0, are packed rows of the batch. Writing a chunk back at its own range
+count ``T`` on dim 0, are packed rows of the batch. ``rows.split(k)`` (``chunk``,
+``tensor_split`` along dim 0) gives consecutive chunks, and ``torch.cat`` of consecutive chunks
+along dim 0 holds their rows (all ``T``: the batch's rows again). Writing a chunk back at its own range
 (``out[s:e] = chunk``) into a plain dense tensor of ``T`` rows makes that tensor packed rows of
 the batch (its class becomes :class:`PackedRows`; it behaves as the dense tensor it was), so the
 reshape to the batch's shape gives the NestedTensor. ``torch.empty((T, C2))`` itself cannot be
