@@ -93,10 +93,18 @@ def test_a_write_that_is_not_the_rows_own_keeps_the_tensor_plain():
     filled[0:2] = rows[5:7]
     assert type(filled) is torch.Tensor
     other_rows = padless.from_list([torch.randn(5, C), torch.randn(4, C)]).reshape(-1, C)  # 9 rows of another batch
-    out2 = torch.zeros(9, C)
+    out2 = torch.zeros(9, C, dtype=torch.float64)
     out2[0:3] = other_rows[0:3]
-    out2[3:9] = rows[3:9]  # rows of two batches: plain
-    assert type(out2) is torch.Tensor
+    out2[3:9] = rows[3:9]  # rows of two batches: rows 0:3 were never this batch's
+    with pytest.raises(padless.StructureError, match=r"reshape\(\): these 9 rows were recognised .* rows 0:3 were never "
+                                                      r"written from that batch's rows"):
+        out2.reshape(*other, C)
+    out2[0:3] = rows[0:3]  # now every row is
+    torch.testing.assert_close(out2.reshape(*other, C).values(), x.detach().values())
+    out3 = torch.zeros(9, C)
+    out3[2:4] = rows[2:4] * 2
+    with pytest.raises(padless.StructureError, match=r"rows 0:2, 4:9 were never written"):
+        (out3 + 1).view(x.shape)  # row-wise work keeps the record
 
 
 def test_views_that_cannot_be_the_batch_are_refused():
@@ -169,3 +177,18 @@ def test_sizes_read_from_a_batch_rebuilt_from_rows_apply_through_a_fold():
     out = check_samples(fn, lambda s: fn(s[None])[0], [leaves([(2, 2, 2), (1, 1, 2), (0, 0, 2)], ragged=(0, 1),
                                                               dtype=torch.float64)])
     assert out.sizes().tolist() == [[2, 2, 2], [1, 1, 2], [0, 0, 2]]
+
+
+def test_a_buffer_reused_by_the_next_batch_holds_that_batch():
+    """A buffer of ``T`` rows filled by one batch, then by another batch of ``T`` rows of other
+    sizes, holds the second batch's rows (never the first's structure over the second's values)."""
+    a = padless.from_list([torch.randn(3, C), torch.randn(2, C)])
+    b = padless.from_list([torch.randn(1, C), torch.randn(4, C)])
+    buf = torch.empty(5, C)
+    for x in (a, b):
+        rows = x.reshape(-1, C)
+        for s in range(0, 5, 2):
+            buf[s : s + 2] = rows[s : s + 2] * 2
+        y = buf.reshape(x.shape)
+        assert y.sizes().tolist() == x.sizes().tolist()
+        torch.testing.assert_close(y.values(), 2 * x.values())

@@ -65,6 +65,7 @@ class PackedRows(Tensor):
 
     _origin: NestedTensor
     _span: tuple[int, int] | None  # the rows s:e of the batch it holds; None: all T rows
+    _filled: tuple | None  # recognised by writes: the row ranges written so far (None, or absent: all)
 
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
@@ -100,7 +101,7 @@ class PackedRows(Tensor):
         span = _span_of(owner)
         if not _rows_sized(out, _length(origin, span)) or not keeps_dim0(func, args, kwargs, owner):
             return out  # not these rows, or dim 0 moved or mixed (rows.t(), rows[perm]): a plain tensor
-        return _keep(out, origin, span)
+        return _keep(out, origin, span, owner.__dict__.get("_filled"))
 
 
 _NEW = {"new_empty", "new_zeros", "new_ones", "new_full"}
@@ -206,11 +207,14 @@ def _rows_sized(out: Any, n: int) -> bool:
     return type(out) is Tensor and out.dim() >= 1 and out.shape[0] == n
 
 
-def _keep(out: Any, origin: NestedTensor, span: tuple[int, int] | None) -> Any:
+def _keep(out: Any, origin: NestedTensor, span: tuple[int, int] | None, filled: Any = None) -> Any:
     if isinstance(out, (tuple, list)):
-        return type(out)(_keep(o, origin, span) for o in out) if type(out) in (tuple, list) else out
+        return type(out)(_keep(o, origin, span, filled) for o in out) if type(out) in (tuple, list) else out
     if type(out) is Tensor and out.dim() >= 1 and out.shape[0] == _length(origin, span):
-        return packed_rows(out, origin, None if span is None else _normal(span, origin))
+        kept = packed_rows(out, origin, None if span is None else _normal(span, origin))
+        if filled is not None and kept._span is None:
+            kept._filled = filled  # rows never written from the batch's rows stay unwritten
+        return kept
     return out
 
 
@@ -250,14 +254,44 @@ def _write(args: tuple) -> None:
             return None  # dim 0 whole (rows[:, :4] = ...): every row keeps its meaning
         origin = dst.__dict__.get("_origin")
         if src is not None and origin is not None and _same_rows(src, origin) and _written_span(dst, index, value) == _abs_span(value):
-            return None  # a chunk written back at its own rows
+            _fill(dst, _abs_span(value))  # a chunk written back at its own rows
+            return None
         _plain(dst)  # rows[s:e] = other values: its rows are no longer the batch's, row for row
-        return None
     if type(dst) is Tensor and src is not None and dst.dim() >= 1 and dst.shape[0] == _rows(src):
         if _written_span(dst, index, value) == _abs_span(value):
             dst.__class__ = PackedRows  # out[s:e] = f(rows[s:e]): out holds the batch's rows from now on
-            dst._origin, dst._span = src, None
+            dst._origin, dst._span, dst._filled = src, None, ()
+            _fill(dst, _abs_span(value))
     return None
+
+
+def _fill(dst: PackedRows, span: tuple[int, int]) -> None:
+    """Record that rows ``span`` of ``dst`` (packed rows recognised by a write) hold the batch's
+    rows; once every row does, ``dst`` is the batch's rows like any other (no record)."""
+    filled = dst.__dict__.get("_filled")
+    if filled is None:
+        return  # every row was the batch's already (rows.new_zeros(...), a completed fill)
+    merged: list[tuple[int, int]] = []
+    for s, e in sorted([*filled, span]):
+        if merged and s <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], e))
+        else:
+            merged.append((s, e))
+    done = merged == [(0, _rows(dst.__dict__["_origin"]))] or _rows(dst.__dict__["_origin"]) == 0
+    dst._filled = None if done else tuple(merged)
+
+
+def _unfilled(t: PackedRows) -> str | None:
+    """The rows of ``t`` no write of the batch's rows reached yet, as text (None: every row)."""
+    filled = t.__dict__.get("_filled")
+    if filled is None:
+        return None
+    gaps, at = [], 0
+    for s, e in [*filled, (_rows(t.__dict__["_origin"]),) * 2]:
+        if s > at:
+            gaps.append(f"{at}:{s}")
+        at = max(at, e)
+    return ", ".join(gaps)
 
 
 def _keeps_all_rows(index: Any, ndim: int) -> bool:
@@ -294,6 +328,7 @@ def _plain(t: PackedRows) -> None:
     """``t`` no longer holds a batch's rows: a plain tensor again (the same object)."""
     t.__dict__.pop("_origin", None)
     t.__dict__.pop("_span", None)
+    t.__dict__.pop("_filled", None)
     t.__class__ = Tensor
 
 
@@ -374,6 +409,14 @@ def _back_to_batch(func, args: tuple, kwargs: dict, origin: NestedTensor) -> Nes
             f"of {origin.batch_size} samples; only all {t_rows} rows view back to the batch's shape "
             f"{tuple(int(t) for t in target)}. Write every chunk into one tensor of {t_rows} rows "
             f"(out = rows.new_empty(...); out[s:e] = f(rows[s:e])) and {op} that"
+        )
+    missing = _unfilled(rows)
+    if missing is not None:
+        raise StructureError(
+            f"{op}(): these {t_rows} rows were recognised as the packed rows of a batch of {origin.batch_size} "
+            f"samples by writes of its rows, and rows {missing} were never written from that batch's rows (they "
+            f"hold what the tensor held before, or rows of another batch): a sample alone would not read them. "
+            f"Write every chunk (out[s:e] = f(rows[s:e]) for every s), or allocate with rows.new_zeros(...)"
         )
     tail = list(target[1 + k :])
     per_row = math.prod(rows.shape[1:])
