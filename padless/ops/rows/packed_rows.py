@@ -31,10 +31,11 @@ count ``T`` on dim 0, are packed rows of the batch. ``rows.split(k)`` (``chunk``
 along dim 0 holds their rows (all ``T``: the batch's rows again). Writing a chunk back at its own range
 (``out[s:e] = chunk``) into a plain dense tensor of ``T`` rows makes that tensor packed rows of
 the batch (its class becomes :class:`PackedRows`; it behaves as the dense tensor it was), so the
-reshape to the batch's shape gives the NestedTensor. ``torch.empty((T, C2))`` itself cannot be
-told from any other dense tensor: the write is where the rows are recognised. A write that is not
-the rows' own (a chunk at another range, rows of another batch, a dense value into part of
-dim 0) makes packed rows plain again. A chunk viewed to the batch's shape, or any view naming the
+reshape to the batch's shape gives the NestedTensor once every row was written so (the tensor
+records the rows written; a reshape before is refused, naming the rows never written).
+``torch.empty((T, C2))`` itself cannot be told from any other dense tensor: the write is where
+the rows are recognised. A write that is not the rows' own (a chunk at another range, a dense
+value into part of dim 0) makes packed rows plain again; rows of another batch start its record. A chunk viewed to the batch's shape, or any view naming the
 batch's sizes with another row count, is refused, naming the rewrite.
 """
 

@@ -12,6 +12,10 @@ import torch.nn.functional as F
 from padless.tensor.core import NestedTensor
 from padless.testing.fuzz.core import Chooser, Step, seeded
 
+# tags (see padless.testing.fuzz.known)
+FOLD_EXTENT_LEAD = "fold_extent_lead"  # its gap is fixed (no known entry); kept for steps that still carry it
+
+
 def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callable[[], Step]]]:
     """Builders of the layout steps that apply to ``x``."""
     out: dict[str, list[Callable[[], Step]]] = {"layout": []}
