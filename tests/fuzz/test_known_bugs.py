@@ -16,6 +16,7 @@ from padless.testing.fuzz import KNOWN_BUGS, KNOWN_GAPS, RandomChooser, draw_cas
 TARGETS = {
     "reshape_extents": ({"reshape"}, "images", None),
     "reshape_plain": ({"reshape"}, "tokens", None),
+    "rows_reordered": ({"rows", "basic"}, "images", {"no_grad"}),
     "extent_minmax": ({"interpolate"}, "images", None),
     "operand_data_write": ({"padded"}, None, {"no_grad"}),
     "window_inplace": ({"window_write"}, None, {"no_grad"}),
@@ -27,7 +28,6 @@ TARGETS = {
     "view_reinterpret": ({"reshape"}, "images", {"no_grad"}),
     "images_transposed": ({"basic", "interpolate", "batch_dense"}, "images", {"no_grad"}),
     "flatten_transposed": ({"basic", "reshape"}, "images", {"no_grad"}),
-    "fold_extent_lead": ({"layout"}, "pairs", None),
 }
 
 TRIES = 400

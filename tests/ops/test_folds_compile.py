@@ -100,3 +100,60 @@ def test_per_row_repeats_are_refused_under_compile():
 
     with pytest.raises(Exception, match=r"repeat_interleave\(\): repeating every sample along the batch dim under torch.compile"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(z)
+
+
+# Three batches of other lengths and sizes, a one-sample batch and an empty sample among them.
+THREE = [[4, 1, 2], [3], [2, 0, 5, 1]]
+
+
+def _check_against_eager(module, fullgraph: bool, batches=THREE) -> int:
+    torch._dynamo.reset()  # no code compiled by another test (same forward, other settings)
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(module, backend=cnt, fullgraph=fullgraph)
+    for i, ns in enumerate(batches):
+        g = torch.Generator().manual_seed(i)
+        samples = [torch.randn(n, n, D, generator=g) for n in ns]
+        x = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+        x2 = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+        out, ref = compiled(x), module(x2)
+        (out.values() ** 2).sum().backward()
+        (ref.values() ** 2).sum().backward()
+        assert out.sizes().tolist() == ref.sizes().tolist()
+        torch.testing.assert_close(out.values(), ref.values(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(x.grad.values(), x2.grad.values(), atol=1e-5, rtol=1e-5)
+    return cnt.frame_count
+
+
+def test_fold_attention_unfold_with_a_one_sample_batch():
+    """A batch of one sample is compiled once more (dynamo specialises a size of 1), then the
+    graph serves every batch size again."""
+    assert _check_against_eager(RowAttention(sdpa=True), fullgraph=True, batches=THREE + [[2, 6, 3]]) == 2
+
+
+def test_fold_without_fullgraph_when_dynamic_output_shapes_are_captured():
+    """The fold's sample count (sum N_i) comes out of a custom op with a data-dependent size
+    (``padless::total_carrier``): dynamo captures it under ``fullgraph=True`` or with
+    ``capture_dynamic_output_shape_ops``; then one graph, as with fullgraph."""
+    with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
+        assert _check_against_eager(RowAttention(sdpa=False), fullgraph=False, batches=CHANGING) == 1
+
+
+@pytest.mark.xfail(strict=True, raises=Exception, reason="known gap (issue 41): without fullgraph and without "
+                   "capture_dynamic_output_shape_ops, dynamo breaks the graph at the fold; the folded batch enters the "
+                   "next graph without its link to the parent, so the unfold is refused")
+def test_fold_across_a_graph_break():
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        return lin(z.reshape(B * N, N, D)).reshape(B, N, N, D)
+
+    torch._dynamo.reset()
+    torch.compile(f, backend="aot_eager")(padless.from_list([torch.randn(n, n, D) for n in (4, 1, 2)], ragged_dims=(0, 1)))
+
+
+@pytest.mark.xfail(strict=True, raises=Exception, reason="known gap (issue 41): a batch whose envelope is 1 "
+                   "(every sample of length 1) specialises N = 1 under torch.compile, where B * N == B cannot say "
+                   "fold from keep (eager reads the size from the shape)")
+def test_fold_of_an_envelope_of_one_under_compile():
+    _check_against_eager(RowAttention(sdpa=True), fullgraph=True, batches=[[1, 1]])

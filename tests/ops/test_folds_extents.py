@@ -168,3 +168,36 @@ def test_repeats_and_expand_by_sizes_of_another_batch_of_as_many_samples_are_ref
         x.repeat_interleave(other.shape[1], dim=0)
     with pytest.raises(padless.StructureError, match=r"expand\(\): size\[2\] = 2 was read from the shape of another batch of 3"):
         x.unsqueeze(2).expand(3, x.shape[1], other.shape[1], D)
+
+
+# ---------------------------------------------------------------------------- B * N read from the shape
+
+
+def _fold_rows_softmax(z):
+    B, N, M = z.shape[0], z.shape[1], z.shape[2]
+    return z.reshape(B * N, M, D).softmax(1).reshape(B, N, M, D)  # '(b i) j d', over j, back
+
+
+@pytest.mark.parametrize("ns", [[2, 2], [1, 0], [0, 1, 0], [1], [3, 0, 2, 1]],
+                         ids=["equal_sizes", "envelope_1_empty", "empty_around", "one_sample_length_1", "mixed"])
+def test_fold_written_as_b_times_n_read_from_the_shape(ns):
+    """``z.reshape(B * N, M, d)`` with ``N = z.shape[1]`` is the fold also where a per-sample reading
+    of ``B * N`` would fit (samples all of one size, an envelope of 1 with an empty sample), and the
+    unfold brings back every sample, empty ones included."""
+    folds._REGISTRY.clear()
+    out = check_samples(_fold_rows_softmax, lambda s: _fold_rows_softmax(s[None])[0], [_pairs(ns)])
+    assert out.sizes().tolist() == [[n, n, D] for n in ns]
+    z, _ = _pairs(ns)
+    B, N, M = z.shape[0], z.shape[1], z.shape[2]
+    assert z.reshape(B * N, M, D).batch_size == sum(ns)
+
+
+def test_fold_by_b_times_n_is_not_read_as_a_recent_fold_of_another_batch():
+    """A recent fold of another batch whose folded samples had this batch's sizes (2 samples of 2
+    rows) does not make ``B * N`` of this batch "the folded batch" (the lookup by content is for
+    batches that went through a pair product, never for a size read from the batch itself)."""
+    other, _ = _pairs([2, 0], seed=5)
+    folded = other.reshape(other.shape[0] * other.shape[1], other.shape[2], D)  # 2 samples (2, D): remembered
+    assert folded.sizes().tolist() == [[2, D], [2, D]]
+    out = check_samples(_fold_rows_softmax, lambda s: _fold_rows_softmax(s[None])[0], [_pairs([2, 2])])
+    assert out.sizes().tolist() == [[2, 2, D], [2, 2, D]]

@@ -58,7 +58,7 @@ from padless.tensor.errors import StructureError
 from padless.tensor import lineage
 from padless.tensor.extents import Extent, applies_to, check_extent, for_batch
 
-__all__ = ["FoldLink", "fold", "fold_link", "unfold", "fold_reshape", "unfold_reshape", "repeat_batch", "expand_extents"]
+__all__ = ["FoldLink", "fold", "fold_link", "folds_own_dim", "unfold", "fold_reshape", "unfold_reshape", "repeat_batch", "expand_extents"]
 
 FOLD_LINK = "fold_link"
 if FOLD_LINK not in ROW_LEVEL_KEYS:  # ops that keep the rows (linear, attention, transposes) keep the link
@@ -142,6 +142,23 @@ def _linked(out: NestedTensor, link: FoldLink) -> NestedTensor:
     out._meta.derived[_KEY] = link
     _remember(out, link)
     return out
+
+
+def folds_own_dim(nt: NestedTensor, raw: Sequence[Any]) -> bool:
+    """Whether the batch entry of ``raw`` is ``B * N`` with ``N`` read from this batch's own shape
+    (``z.reshape(B * N, M, d)``, ``N = z.shape[1]``): an :class:`Extent` of this batch whose
+    per-sample reading is ``B * n_b``, ``n_b`` each sample's size along its dim 0. A batch entry
+    is never a sample's own size, so the only reading of such a product is the fold of that dim
+    (also where ``B * N`` happens to equal ``B``, an envelope of 1, or where a recent fold of
+    another batch had this batch's sample sizes)."""
+    lead = raw[0] if raw else None
+    if not isinstance(lead, Extent) or nt.sample_dim < 2 or 0 not in nt._ragged or _traced(nt):
+        return False
+    b = nt.batch_size
+    if int(lead) != b * int(nt._env[0]) or lead.batch_size != b or not applies_to(lead, nt):
+        return False
+    own = host_structure(nt, "reshape")[0][:, 0].tolist()
+    return lead.per_sample() == [b * n for n in own]
 
 
 def folded_batch_entry(nt: NestedTensor, raw: list) -> list:

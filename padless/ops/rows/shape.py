@@ -76,7 +76,19 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
     """``reshape``/``view``; ``trusted``: the target's sizes come from a batch whose ragged sizes
     were checked to be ``nt``'s (``reshape_as``)."""
     raw = list(shape_arg(shape))  # before int_entries: size entries that remember each sample's size
-    raw = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
+    if folds.folds_own_dim(nt, raw):  # z.reshape(B * N, M, d), N = z.shape[1]: the fold, nothing else
+        return folds.fold_reshape(nt, raw, op)
+    entry = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
+    if entry is not raw:
+        # B * N == B where the folded dim's envelope is 1: (B, N, ...) unfolds first (the parent's
+        # empty samples come back), the folded batch entry where that does not fit
+        try:
+            unfolded = folds.unfold_reshape(nt, raw, op)
+        except StructureError:
+            unfolded = None
+        if unfolded is not None:
+            return unfolded
+    raw = entry
     unfolded = folds.unfold_reshape(nt, raw, op)  # (b i) j d -> b i j d (padless.ops.rows.folds)
     if unfolded is not None:
         return unfolded
@@ -100,6 +112,12 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
     try:
         dims = match_target(nt, target, op)
     except StructureError:
+        if target[0] == -1 and len(target) > 1 and math.prod(target[1:]) == math.prod(nt._values.shape[1:]):
+            # (-1, C) of pairs: every row (as the padded code means it), also where a fold of an
+            # envelope of 1 ((N_i, 1, C) samples, or none with rows) would fit the target too
+            flat = flatten_rows(nt, target, op)
+            if flat is not None:
+                return flat
         folded = folds.fold_reshape(nt, raw, op)  # b i j d -> (b i) j d, b h l d -> (b h) l d
         if folded is not None:
             return folded

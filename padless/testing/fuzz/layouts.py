@@ -13,7 +13,7 @@ from padless.tensor.core import NestedTensor
 from padless.testing.fuzz.core import Chooser, Step, seeded
 
 # tags (see padless.testing.fuzz.known)
-FOLD_EXTENT_LEAD = "fold_extent_lead"
+FOLD_EXTENT_LEAD = "fold_extent_lead"  # its gap is fixed (no known entry); kept for steps that still carry it
 
 
 def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callable[[], Step]]]:
@@ -36,8 +36,7 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                 zf = t.reshape(b * n, m, e)  # '(b i) j d'
                 return _row_op(zf, red, 1).reshape(b, n, m, e)
 
-            return Step(f"fold rows (b i) j d, {red} over j, unfold", fn, family="layout",
-                        tags=frozenset({FOLD_EXTENT_LEAD}))
+            return Step(f"fold rows (b i) j d, {red} over j, unfold", fn, family="layout")
 
         out["layout"].append(fold_rows)
         hs = x.host_sizes()
@@ -56,6 +55,19 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                             tags=frozenset({FOLD_EXTENT_LEAD}))
 
             out["layout"].append(fold_attention)
+
+    if tokens or pairs:
+        def chunk_rows() -> Step:
+            alloc, size = c.choice(["empty", "new_zeros", "from_chunk", "empty_like", "cat"]), c.integer(1, 4)
+            w2 = e if alloc == "empty_like" else c.integer(1, 3)
+            w = seeded(seed + 2, (w2, e), x.dtype)
+
+            def fn(t, o):
+                return _chunked_rows(t, alloc, size, lambda r: torch.tanh(F.linear(r, w)), e, w2)
+
+            return Step(f"rows rebuilt chunk by chunk ({alloc}, chunks of {size}, {e} -> {w2})", fn, family="layout")
+
+        out["layout"].append(chunk_rows)
 
     if tokens:
         def seq_first() -> Step:
@@ -98,3 +110,28 @@ def _row_op(t, red: str, d: int):
     if red == "cumsum":
         return t.cumsum(d)
     return t - t.mean(d, keepdim=True)
+
+
+def _chunked_rows(t, alloc: str, size: int, f: Callable, e: int, w2: int):
+    """OpenFold's ``chunk_layer`` (and a Pairformer's transition): the batch as rows, a dense
+    tensor of as many rows filled chunk by chunk with a row-wise ``f``, reshaped to the batch."""
+    other = t.shape[:-1]
+    rows = t.reshape(-1, e)
+    n = rows.shape[0]
+    if n == 0:  # no rows (a sample alone, or a batch of empty samples): no chunk; keep the graph
+        return f(rows).reshape(*other, w2)
+    if alloc == "cat":  # the chunked forward written with a join
+        return torch.cat([f(p) for p in rows.split(size)]).reshape(*other, w2)
+    out = None
+    if alloc == "empty":
+        out = torch.empty((n, w2), dtype=rows.dtype)
+    elif alloc == "new_zeros":
+        out = rows.new_zeros((n, w2))
+    elif alloc == "empty_like":
+        out = torch.empty_like(rows)
+    for s in range(0, n, size):
+        y = f(rows[s : s + size])
+        if out is None:
+            out = y.new_zeros((n,) + tuple(y.shape[1:]))
+        out[s : s + size] = y
+    return out.reshape(*other, w2)
