@@ -16,7 +16,6 @@ from padless.testing.fuzz import KNOWN_BUGS, KNOWN_GAPS, RandomChooser, draw_cas
 TARGETS = {
     "reshape_extents": ({"reshape"}, "images", None),
     "reshape_plain": ({"reshape"}, "tokens", None),
-    "rows_reordered": ({"rows", "basic"}, "images", {"no_grad"}),
     "extent_minmax": ({"interpolate"}, "images", None),
     "operand_data_write": ({"padded"}, None, {"no_grad"}),
     "window_inplace": ({"window_write"}, None, {"no_grad"}),

@@ -115,10 +115,10 @@ def test_widened_rows_back_to_the_batch_shape_refused(op, shapes):
         if d.shape[0]:
             with pytest.raises(RuntimeError, match="invalid"):
                 getattr(F.linear(d.reshape(-1, 1), w), op)(d.shape)
-    with pytest.raises(padless.StructureError, match=rf"{op}\(\): .* starts with that batch's envelope, so each row would "
-                       r"become \(1,\), which does not fit \(sample \d's rows alone, \(2, 3\), cannot take the shape \(2, 1\)\)"):
+    with pytest.raises(padless.StructureError, match=rf"{op}\(\): these 2 rows of \(3,\) are the packed rows of a batch of .* gives every row the shape "
+                       r"\(1,\), which does not hold 3 elements \(each sample alone fails the same way\)"):
         getattr(rows, op)(x.shape)
-    with pytest.raises(padless.StructureError, match="does not fit"):
+    with pytest.raises(padless.StructureError, match="does not hold 3 elements"):
         getattr(rows, op)(x.shape[0], x.shape[1], -1, 2)  # 3 columns are no whole number of (·, 2)
     back = getattr(rows, op)(x.shape[:-1] + (3,))  # the rows' own width: the batch again
     for got, d in zip(back.unbind(), dense):

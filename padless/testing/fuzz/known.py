@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from padless.testing.fuzz.padded import OPERAND_DATA_WRITE
 from padless.testing.fuzz.shapes import (
-    EXTENT_MINMAX, FLATTEN_TRANSPOSED, RESHAPE_EXTENTS, RESHAPE_PLAIN, ROWS_REORDERED, VIEW_REINTERPRET,
+    EXTENT_MINMAX, FLATTEN_TRANSPOSED, RESHAPE_EXTENTS, RESHAPE_PLAIN, VIEW_REINTERPRET,
 )
 from padless.testing.fuzz.vision import IMAGES_TRANSPOSED
 from padless.testing.fuzz.writes import STACK_WRITE, WINDOW_INPLACE, WINDOW_SETITEM
@@ -28,9 +28,6 @@ KNOWN_BUGS: dict[str, str] = {
 }
 
 KNOWN_GAPS: dict[str, str] = {
-    ROWS_REORDERED: "open (found when the packed-rows bug entry stopped excusing it): x.reshape(-1, C) of a batch "
-    "whose ragged dims are not its leading sample dims in storage order (after a transpose or permute) is refused; "
-    "each sample alone flattens in its dense order, which needs a gather of the rows",
     EXTENT_MINMAX: "documented (docs/tensor.md, envelope extents; issue 39 #2): max()/min() of sizes read from one "
     "batch's shape whose order differs between samples is refused, naming padless.extent_max / extent_min",
     FLATTEN_TRANSPOSED: "documented (docs/limits.md, ops): flatten() of two ragged dims stored in the other order "
