@@ -136,8 +136,12 @@ def rewrap(values: Tensor, like: NestedTensor) -> NestedTensor:
     else:
         sizes, meta, env = static_change(values, like)
     if values.requires_grad and torch.is_grad_enabled():
-        return _with_history(values, like._offsets, sizes, like._ragged, env, meta, False)
-    return NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+        out = _with_history(values, like._offsets, sizes, like._ragged, env, meta, False)
+    else:
+        out = NestedTensor(values, like._offsets, sizes, like._ragged, env, meta)
+    if like._lineage is not None:
+        out._lineage = like._lineage  # like's samples (tensor.lineage)
+    return out
 
 
 ROWS_MARK = "_padless_rows"  # set on a tensor kept as some NestedTensor's rows (see _with_history)
@@ -248,7 +252,9 @@ def guard_broadcast(args: tuple, kwargs: dict, func=None) -> tuple[tuple, dict]:
             if not (differ and a.requires_grad):
                 return a
             env = tuple(result_env[d] if d in a._ragged else a._env[d] for d in range(ndim))
-            return _apply(_NestedView, values_of(a), a._offsets, a._sizes, a._ragged, env, a._meta)
+            view = _apply(_NestedView, values_of(a), a._offsets, a._sizes, a._ragged, env, a._meta)
+            view._lineage = a._lineage  # the same samples: the op's result joins the operand's batch
+            return view
         if any(a is x for x in dense) and tuple(a.shape) == result_shape:
             return _apply(_DenseOperand, a, tuple(d + 1 for d in ragged))
         return a

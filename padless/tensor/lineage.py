@@ -161,6 +161,8 @@ def inherit(out: Any, args: tuple, kwargs: dict, cls: type) -> Any:
     """``out`` (an op's result) given the lineage of the op's first NestedTensor input, unless the
     op regrouped the samples and gave it the lineage of the regrouping (:func:`derive`)."""
     t = type(out)
+    if t is not tuple and t is not list and isinstance(out, tuple):
+        t = tuple  # a torch.return_types result (max(dim).values, sort, topk...)
     if t is tuple or t is list:
         for o in out:
             if isinstance(o, cls):

@@ -203,3 +203,31 @@ def test_expand_static_one_to_sizes_read_from_a_shape():
     assert_close_samples(p, [t.detach().unsqueeze(1).expand(-1, t.shape[0], -1) for t in ss])
     p.values().sum().backward()
     assert_close_samples(s.grad, [torch.full_like(t, t.shape[0]) for t in ss])
+
+
+@pytest.mark.parametrize("ns", [(1, 0), (1,), (1, 1, 0)])
+def test_repeat_by_a_size_of_envelope_one_repeats_every_sample_by_its_own(ns):
+    """``bias.repeat_interleave(N, dim=0)`` with ``N`` read from a batch whose envelope is 1
+    (samples of length 1 and 0): sample b repeated N_b times, as folding gives, never the
+    int 1's copy of the whole batch (a silent wrong structure found by the long fuzz run,
+    seed 301935)."""
+    xs = [torch.randn(n, n, 2) for n in ns]
+    x = padless.from_list(xs, ragged_dims=(0, 1))
+    n = x.shape[1]
+    r = x[..., 0].unsqueeze(1).repeat_interleave(n, dim=0)
+    want = [d[..., 0].unsqueeze(0) for d in xs for _ in range(d.shape[0])]
+    assert r.batch_size == len(want)
+    for got, w in zip(r.unbind(), want):
+        torch.testing.assert_close(got, w)
+    q = x.reshape(x.shape[0] * n, n, 2).unsqueeze(1)
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=r).squeeze(1).reshape(x.shape[0], n, n, 2)
+    for got, d in zip(out.unbind(), xs):
+        dq = d.unsqueeze(1)
+        torch.testing.assert_close(got, F.scaled_dot_product_attention(dq, dq, dq, attn_mask=d[..., 0][None, None]).squeeze(1))
+
+
+def test_a_mask_of_another_batch_size_is_refused_by_name():
+    x = padless.from_list([torch.randn(n, n, 2) for n in (2, 1)], ragged_dims=(0, 1))
+    q = x.reshape(-1, x.shape[2], 2).unsqueeze(1)  # 3 folded samples
+    with pytest.raises(padless.StructureError, match="attn_mask is a batch of 2 samples and the query a batch of 3"):
+        F.scaled_dot_product_attention(q, q, q, attn_mask=x[..., 0].unsqueeze(1))

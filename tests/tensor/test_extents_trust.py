@@ -182,3 +182,27 @@ def test_common_comparisons_keep_working():
     _, other = _images([(1, 1)] * 3, seed=3)
     with pytest.raises(padless.StructureError, match="two different batches"):
         padless.extent_max(h, other.shape[2])
+
+
+@pytest.mark.parametrize("mode", ["grad", "no_grad", "inference"])
+def test_every_result_keeps_its_batch_lineage(mode):
+    """Results of one batch stay that batch (sizes read from their shapes are checked and map
+    through folds): a broadcast that builds pairs with autograd, return_types results
+    (``max(dim).values``), stacked batches under inference mode. The first lost it and a fold
+    written with its sizes was refused (long fuzz run, seed 310579)."""
+    xs = [torch.randn(n, n, 2, dtype=torch.float64) for n in (2, 1, 0)]
+    ctx = torch.inference_mode() if mode == "inference" else torch.no_grad() if mode == "no_grad" else torch.enable_grad()
+    with ctx:
+        x = padless.from_list(xs, ragged_dims=(0, 1), requires_grad=mode == "grad")
+        token = x._lineage
+        t = x.sum(dim=1, keepdim=True) * x.sum(dim=2, keepdim=True)
+        y = x[:2]  # no empty sample: max over a ragged dim
+        results = [t, torch.stack([x * 2, x.clone()]).sum(0), torch.stack([x, x])[1]]
+        assert y.max(dim=2).values._lineage is y._lineage and y.min(dim=1)[0]._lineage is y._lineage
+        assert all(r._lineage is token for r in results)
+        b, n, m = t.shape[0], t.shape[1], t.shape[2]
+        folded = t.reshape(b * n, m, 2)
+        back = (folded - folded.mean(1, keepdim=True)).reshape(b, n, m, 2)
+    for got, d in zip(back.unbind(), xs):
+        td = d.sum(0, keepdim=True) * d.sum(1, keepdim=True)
+        torch.testing.assert_close(got, td - td.mean(1, keepdim=True))

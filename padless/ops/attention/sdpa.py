@@ -540,6 +540,12 @@ def _dense_masks(op: str, mask: Tensor, q: NestedTensor, k: NestedTensor) -> lis
 
 def _check_masks(op: str, masks, q: NestedTensor, k: NestedTensor) -> None:
     lq, lk = q.host_sizes()[:, q.sample_dim - 2].tolist(), k.host_sizes()[:, k.sample_dim - 2].tolist()
+    if len(masks) != len(lq):
+        raise StructureError(
+            f"{op}(): attn_mask is a batch of {len(masks)} samples and the query a batch of {len(lq)}; a NestedTensor "
+            "mask must have the query's samples (for a folded query, repeat the bias per row with "
+            "bias.repeat_interleave(N, dim=0), N read from the shape of the batch that was folded)"
+        )
     for i, m in enumerate(masks):
         if m.dim() < 2 or m.shape[-2:] != (lq[i], lk[i]):
             raise StructureError(

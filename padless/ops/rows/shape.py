@@ -485,7 +485,7 @@ def repeat_interleave(func, nt: NestedTensor, repeats=None, dim=None, *, output_
     :func:`padless.ops.rows.folds.repeat_batch`). Any other form takes the path it takes
     without this handler (torch's decomposition into handled ATen ops, else the per-sample
     fallback)."""
-    if isinstance(repeats, int) and repeats == 1 and dim is not None and outer_dim(nt, dim, "repeat_interleave") == 0:
+    if type(repeats) is int and repeats == 1 and dim is not None and outer_dim(nt, dim, "repeat_interleave") == 0:
         return nested_from_values(values_of(nt).clone(), nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
     if dim is not None and isinstance(nt, NestedTensor) and outer_dim(nt, dim, "repeat_interleave") == 0:
         return folds.repeat_batch(nt, repeats)  # (b r) ...: every sample repeated (padless.ops.rows.folds)

@@ -64,7 +64,7 @@ class StackedBatch:
                     "static extents; stacked batches must have one shape"
                 )
         # an inference tensor has no version counter to watch: it is copied (module docstring)
-        self.members = tuple(m.clone() if m._values.is_inference() else m for m in members)
+        self.members = tuple(_copy(m) if m._values.is_inference() else m for m in members)
         self._versions = tuple(_version(m) for m in self.members)
 
     def _fresh(self) -> tuple[NestedTensor, ...]:
@@ -271,6 +271,12 @@ def _refuse_write(base_rows: Tensor, new: Tensor) -> Tensor:
         "through it (in dense torch it would be the stack's copy, here it is the tensor that was stacked); "
         "write out of place (y = s[k] + 1), or write the member itself before stacking"
     )
+
+
+def _copy(m: NestedTensor) -> NestedTensor:
+    out = m.clone()
+    out._lineage = m._lineage  # the same samples (a clone below __torch_function__ is not given it)
+    return out
 
 
 def _read_only(m: NestedTensor) -> NestedTensor:

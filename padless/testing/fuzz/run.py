@@ -124,9 +124,18 @@ def run_side(steps: Sequence[Step], x: Tensor, side: Side, mode: str, probe: boo
                 return tr
             if probe and tr.disagrees is None and s.pointwise and torch_disagrees(s, x, y):
                 tr.disagrees = k
+            if side and _lost_lineage(x, y):  # sizes read from y's shape would not be checked
+                tr.error_step, tr.error = k, AssertionError("the result lost its input's batch lineage")
+                return tr
             tr.outs.append(y)
             x = y
     return tr
+
+
+def _lost_lineage(x: Any, y: Any) -> bool:
+    if not isinstance(x, NestedTensor) or x._lineage is None:
+        return False
+    return any(isinstance(t, NestedTensor) and t._lineage is None for t in (y if isinstance(y, (tuple, list)) else (y,)))
 
 
 def _magnitude(t: Any) -> float:
