@@ -206,3 +206,15 @@ def test_every_result_keeps_its_batch_lineage(mode):
     for got, d in zip(back.unbind(), xs):
         td = d.sum(0, keepdim=True) * d.sum(1, keepdim=True)
         torch.testing.assert_close(got, td - td.mean(1, keepdim=True))
+
+
+def test_rows_of_a_transposed_batch_view_back_in_its_batch():
+    """``reshape(-1, C)`` of pairs stored transposed goes through a contiguous copy: the rows
+    still belong to the batch, so sizes read from its shape apply to the result viewed back."""
+    xs = [torch.randn(n, n, 1) for n in (2, 2, 1)]
+    x = padless.from_list(xs, ragged_dims=(0, 1))
+    t = x.transpose(2, 1)
+    back = torch.tanh(t.reshape(-1, 1)).view(t.shape)
+    assert back._lineage is x._lineage
+    for got, d in zip(back.unbind(), xs):
+        torch.testing.assert_close(got, torch.tanh(d.transpose(0, 1)))

@@ -129,6 +129,7 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
             # ragged dims stored in another order (after a transpose): each sample's reshape
             # copies its elements in sample-dim order, as the batch's contiguous() stores them
             canonical = canonical_layout(torch.Tensor.contiguous, nt)
+            canonical._lineage = nt._lineage  # the same samples (the handler is called without inherit)
             if op == "reshape" or nt._values.shape[0] == 0:  # no element: a view copies nothing
                 flat = flatten_rows(canonical, target, op)
             elif flatten_rows(canonical, target, "reshape") is not None:
