@@ -5,8 +5,8 @@ the OpInfo's reference (values; gradients of the inputs).
 
 The rule checked: every sample NJT passes, padless passes, or refuses / answers differently
 by a rule in ``BY_DESIGN``, or hits a ``KNOWN`` bug. Gradients with respect to padless tensors
-converted from the NJTs with their history (intermediates) fail today (issue 39 #7): an op
-whose only failures are those ends xfail (not strict) while ``KNOWN_INTERMEDIATE`` is set.
+converted from the NJTs with their history (intermediates) must match too (issue 39 #7, fixed;
+``KNOWN_INTERMEDIATE`` would turn such failures into xfails while a fix is pending).
 
 ``make test`` runs a fixed subsample (about three samples per op and phase);
 ``PADLESS_NJT_OPINFO=full`` runs every sample. The last test prints the counts.

@@ -15,12 +15,16 @@ sample's ``h_i // 4``); ``int(h)`` is the plain padded int. An Extent pickles an
 plain int (``torch.save({"shape": x.shape})`` loads with ``weights_only=True``). Under
 ``torch.compile`` shapes are the plain (symbolic) sizes.
 
-**What an Extent holds.** The per-sample sizes as a tuple of host ints, the sample count,
-and two weak references: to the structure it was read from and to its batch's lineage
-(:mod:`padless.tensor.lineage`). Keeping ``x.shape`` (a log, a module's last input size, an
-``lru_cache`` key) keeps a few bytes, never the batch, its metadata or its caches. A device
-batch built without host metadata has no host sizes yet: its extents read them on first use
-(one sync, as :meth:`NestedTensor.host_sizes` does) while the batch lives, and refuse after.
+**What an Extent holds.** An Extent object is the int alone (no instance dict): its state
+lives in a module table keyed by its id, removed when it dies (``Extent.__del__``). The state
+is one tuple ``(origin, s_0, ..., s_{B-1})``: every sample's own size (host ints) and where it
+was read from (``origin``: a weak reference to its batch's lineage
+(:mod:`padless.tensor.lineage`), or, rarely, also one to the structure). Equal sizes of one
+read are one object (the two ragged dims of a square pair). A kept ``x.shape`` of a 4-sample
+batch costs about 130 bytes per ragged dim (the int, its table entry, its sizes) besides the
+``torch.Size``, never the batch, its metadata or its caches. A device batch built without host
+metadata has no host sizes yet: its extents read them on first use (one sync, as
+:meth:`NestedTensor.host_sizes` does) while the batch lives, and refuse after.
 
 **Which batch.** An op applies an Extent per sample only to a tensor of the same batch of
 samples (the same lineage: the batch it was read from, or anything ops made from it); a size
@@ -71,6 +75,53 @@ __all__ = [
 _MIXED = "mixed"  # the lineage of an extent computed from sizes of two different batches
 
 
+#: Every live Extent's state, by ``id``: ``(origin, s_0, ..., s_{B-1})`` once its per-sample
+#: sizes are known, else a :class:`_Pending`. ``Extent.__del__`` removes the entry.
+_STATE: dict[int, Any] = {}
+
+
+class _Origin:
+    """Where an extent was read, when more than its lineage must be known: ``src`` (a weak
+    reference to the structure, or None) and ``lin`` (a weak reference to the lineage, None, or
+    ``_MIXED``). The usual origin is the lineage's weak reference alone (:func:`_origin`)."""
+
+    __slots__ = ("src", "lin")
+
+    def __init__(self, src: weakref.ref | None, lin: Any) -> None:
+        self.src, self.lin = src, lin
+
+
+class _Pending:
+    """The state of an extent whose per-sample sizes are read or computed on first use."""
+
+    __slots__ = ("batch", "origin", "compute")
+
+    def __init__(self, batch: int, origin: Any, compute: Callable[[], Any]) -> None:
+        self.batch, self.origin, self.compute = batch, origin, compute
+
+
+def _origin(src: weakref.ref | None, lin: Any) -> Any:
+    return lin if src is None and (lin is None or type(lin) is weakref.ref) else _Origin(src, lin)
+
+
+def _where(origin: Any) -> tuple[Any, Any]:
+    """``(src, lin)`` of an origin."""
+    return (origin.src, origin.lin) if type(origin) is _Origin else (None, origin)
+
+
+def _new(value: int, state: Any) -> "Extent":
+    e = int.__new__(Extent, value)
+    _STATE[id(e)] = state
+    return e
+
+
+def _state(e: "Extent") -> Any:
+    try:
+        return _STATE[id(e)]
+    except KeyError:
+        raise TypeError("padless internal: an Extent made without its per-sample sizes") from None
+
+
 class Extent(int):
     """An envelope extent of a ragged dim: an int that also knows each sample's own size.
 
@@ -84,11 +135,16 @@ class Extent(int):
     >>> F.interpolate(x, size=(h, w))  # each image of x to its own sample's (h_i, w_i)
     """
 
-    _batch: int
-    _cols: tuple[int, ...] | None  # every sample's own value, once known
-    _lazy: Callable[[], tuple[int, ...]] | None  # computes _cols (holds no structure)
-    _src: weakref.ref | None  # the structure it was read from: an identity, never kept alive
-    _lin: Any  # weakref to its batch's Lineage; None when unknown; _MIXED for two batches
+    __slots__ = ()  # the int alone: the state is in _STATE (a kept shape costs a few bytes per dim)
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "Extent":
+        raise TypeError("Extent is read from a NestedTensor's shape (x.shape, x.size(d)); it is not built directly")
+
+    def __del__(self) -> None:
+        try:
+            _STATE.pop(id(self), None)
+        except Exception:  # noqa: BLE001 - interpreter shutdown: the table may be gone already
+            pass
 
     def __repr__(self) -> str:
         return int.__repr__(self)
@@ -103,21 +159,43 @@ class Extent(int):
         """Samples of the batch this extent was read from."""
         return self._batch
 
+    @property
+    def _batch(self) -> int:
+        st = _state(self)
+        return len(st) - 1 if type(st) is tuple else st.batch
+
+    @property
+    def _src(self) -> weakref.ref | None:  # the structure it was read from (weak), when needed
+        st = _state(self)
+        return _where(st[0] if type(st) is tuple else st.origin)[0]
+
+    @property
+    def _lin(self) -> Any:  # weakref to its batch's Lineage; None when unknown; _MIXED for two batches
+        st = _state(self)
+        return _where(st[0] if type(st) is tuple else st.origin)[1]
+
     def per_sample(self) -> list[int]:
         """Every sample's own value (host ints; reading a device batch built without host
         metadata syncs once, as :meth:`NestedTensor.host_sizes` does)."""
         return list(self._values())
 
     def _values(self) -> tuple[int, ...]:
-        cols = self._cols
-        if cols is None:
-            cols = self._cols = tuple(self._lazy())  # type: ignore[misc]
-            self._lazy = None
+        st = _state(self)
+        if type(st) is tuple:
+            return st[1:]
+        cols = tuple(st.compute())
+        _STATE[id(self)] = (st.origin, *cols)
         return cols
+
+    def _known(self) -> tuple[int, ...] | None:
+        """The per-sample sizes when known without computing or reading them."""
+        st = _state(self)
+        return st[1:] if type(st) is tuple else None
 
     def read_from(self, nt: Any) -> bool:
         """True when this extent was read straight from the shape of ``nt``'s structure."""
-        return self._src is not None and self._src() is getattr(nt, "_meta", None)
+        src = self._src
+        return src is not None and src() is getattr(nt, "_meta", None)
 
 
 def _token(e: Extent) -> Any:
@@ -132,13 +210,24 @@ def _combined_lineage(a: Extent, b: Extent) -> Any:
     return a._lin if ta is tb and ta is not None else _MIXED
 
 
-def _derived(value: Any, a: Extent, b: Extent | None, values: Callable[[], tuple[int, ...]]) -> Any:
+def _derived(value: Any, a: Extent, b: Extent | None, fn: Callable[..., int]) -> Any:
+    """The extent ``value`` computed from ``a`` (and ``b``) sample by sample with ``fn``: at
+    once when their sizes are known, else on first use."""
     if type(value) is not int:
         return value  # true division, floats, NotImplemented: the plain result
-    e = Extent(value)
-    e._batch, e._cols, e._lazy, e._src = a._batch, None, values, a._src
-    e._lin = a._lin if b is None else _combined_lineage(a, b)
-    return e
+    origin = _origin(a._src, a._lin if b is None else _combined_lineage(a, b))
+    va = a._known()
+    vb = None if b is None else b._known()
+    if va is not None and (b is None or vb is not None):
+        try:
+            return _new(value, (origin, *(map(fn, va) if b is None else map(fn, va, vb))))
+        except ArithmeticError:
+            pass  # a sample divides by 0: raised where the per-sample sizes are used, not here
+
+    def compute() -> tuple[int, ...]:
+        return tuple(map(fn, a._values()) if b is None else map(fn, a._values(), b._values()))
+
+    return _new(value, _Pending(a._batch, origin, compute))
 
 
 def _binary(name: str):
@@ -149,12 +238,10 @@ def _binary(name: str):
         if isinstance(other, Extent):
             if other._batch != self._batch:
                 return value  # two batches: only the padded int is meaningful
-            a, b = self, other
-            return _derived(value, a, b, lambda: tuple(op(x, y) for x, y in zip(a._values(), b._values())))
+            return _derived(value, self, other, op)
         if type(other) is not int:
             return value
-        a = self
-        return _derived(value, a, None, lambda: tuple(op(x, other) for x in a._values()))
+        return _derived(value, self, None, lambda x: op(x, other))
 
     method.__name__ = name
     return method
@@ -166,8 +253,7 @@ for _name in ("__add__", "__radd__", "__sub__", "__rsub__", "__mul__", "__rmul__
 
 
 def _neg(self: Extent) -> Any:
-    a = self
-    return _derived(-int(self), a, None, lambda: tuple(-x for x in a._values()))
+    return _derived(-int(self), self, None, operator.neg)
 
 
 Extent.__neg__ = _neg  # type: ignore[method-assign]
@@ -233,9 +319,10 @@ def _extreme(fn: Callable, name: str, sizes: tuple) -> Any:
         cols = [s._values() if isinstance(s, Extent) else (int(s),) * b for s in sizes]
         return tuple(fn(c) for c in zip(*cols))
 
-    e = Extent(int(value))
-    e._batch, e._cols, e._lazy, e._src, e._lin = b, None, values, first._src, first._lin  # one lineage (checked)
-    return e
+    origin = _origin(first._src, first._lin)  # one lineage (checked)
+    if all(s._known() is not None for s in ext):
+        return _new(int(value), (origin, *values()))
+    return _new(int(value), _Pending(b, origin, values))
 
 
 def extent_max(*sizes: Any) -> Any:
@@ -345,16 +432,17 @@ def _shape(nt: Any) -> torch.Size:
     cols = _columns(meta)
     lin = weakref.ref(lineage) if lineage is not None else None
     # the structure's identity is needed only without a lineage or without host sizes
-    src = weakref.ref(meta) if lin is None or cols is None else None
+    origin = _origin(weakref.ref(meta) if lin is None or cols is None else None, lin)
     b = len(sizes)
     dims: list[int] = [b, *env]
+    same: dict = {}  # equal sizes of this read are one extent (the two ragged dims of a square pair)
     for d in nt._ragged:
-        e = Extent(env[d])
-        e._batch, e._src, e._lin = b, src, lin
         if cols is not None:
-            e._cols, e._lazy = cols[d], None
+            e = same.get((env[d], cols[d]))
+            if e is None:
+                e = same[env[d], cols[d]] = _new(env[d], (origin, *cols[d]))
         else:
-            e._cols, e._lazy = None, _LazyColumn(weakref.ref(meta), weakref.ref(sizes), d)
+            e = _new(env[d], _Pending(b, origin, _LazyColumn(weakref.ref(meta), weakref.ref(sizes), d)))
         dims[d + 1] = e
     out = torch.Size(dims)
     nt.__dict__["_extent_shape"] = (lineage, out)
@@ -424,22 +512,19 @@ def for_batch(e: Any, target: Any) -> Any:
         index = up if index is None else [up[j] for j in index]
         need, node = len(node.counts), node.parent
         if _foreign(e, need, node) is None:  # read from this ancestor (or, unknown, of its size)
-            out = Extent(int(e))
-            out._batch, out._cols, out._lazy, out._src = batch, _taken(lineage, e._values(), node, index), None, None
-            out._lin = weakref.ref(lineage)
-            return out
+            return _new(int(e), (weakref.ref(lineage), *_taken(lineage, e._values(), node, index)))
     return e
 
 
 def _taken(fold: Fold, cols: tuple[int, ...], ancestor: Any, index: list[int]) -> tuple[int, ...]:
     """``cols`` (sizes of ``ancestor``'s samples) for every sample of ``fold``'s batch; the last few
     are kept on the fold (the same parent column is read by every view of one layer)."""
-    key = (id(cols), id(ancestor))
+    key = (id(ancestor), cols)  # by content: the fold holds its ancestors, so their ids stay theirs
     hit = fold.taken.get(key)
-    if hit is not None and hit[0] is cols:
-        return hit[1]
+    if hit is not None:
+        return hit
     out = tuple(cols[j] for j in index)
-    fold.taken[key] = (cols, out)
+    fold.taken[key] = out
     while len(fold.taken) > TAKEN_ENTRIES:
         del fold.taken[next(iter(fold.taken))]
     return out

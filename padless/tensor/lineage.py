@@ -62,7 +62,7 @@ class Fold(Lineage):
     def __init__(self, parent: Lineage | None, counts: tuple[int, ...]) -> None:
         self.parent, self.counts, self.total = parent, counts, sum(counts)
         self._up: list[int] | None = None
-        self.taken: dict = {}  # (id(ancestor's column), id(ancestor)) -> (column, this batch's column)
+        self.taken: dict = {}  # (id(ancestor), ancestor's column) -> this batch's column
 
     def __repr__(self) -> str:
         return f"<batch lineage {id(self):#x}: {self.total} samples regrouped from {len(self.counts)} of {self.parent!r}>"

@@ -3,11 +3,15 @@
 A training run meets a new batch every step: new sizes of tokens, pairs and images, collated
 through ``padless.collate``. Every op that fills a cache runs each step (a padded-coordinate
 read, a pair broadcast, reductions, a contraction against a long-lived query, a convolution),
-so each cache fills to its bound during the warm-up; after it, the resident set may not grow by
-more than 20 MiB, and no structure may be kept alive from one step to the next.
+so the caches fill to their bounds during the warm-up; after it, the resident set may not grow
+by more than 20 MiB, and no structure may be kept alive from one step to the next, also when
+the caller keeps every step's shapes (three ``torch.Size`` and their extents a step).
 
 ``PADLESS_MEMORY_STEPS`` sets the measured steps (the default is small enough for ``make
 test``; the long run is ``PADLESS_MEMORY_STEPS=10000``, which prints its figures with ``-s``).
+The long run warms up for 1,000 steps (``PADLESS_MEMORY_WARMUP``): the 256-entry caches fill
+within the first few hundred steps of never-repeating batches (about +8 MiB, bounded), after
+which the plain run grows about 0.4 MiB per 1,000 steps.
 """
 
 from __future__ import annotations
@@ -23,11 +27,8 @@ from padless.tensor import lru
 from padless.tensor.structure import StructureMeta
 
 STEPS = int(os.environ.get("PADLESS_MEMORY_STEPS", "60"))
-WARMUP = 20
-GROWTH_MIB = 20
-#: What one kept ``(x.shape, x.size(1))`` may hold: the envelope ints and every sample's host
-#: sizes along the ragged dims (about 1 KiB measured, with the allocator's share), never the batch.
-KEPT_SHAPE_BYTES = 2048
+WARMUP = int(os.environ.get("PADLESS_MEMORY_WARMUP", "20" if STEPS < 1000 else "1000"))
+GROWTH_MIB = 20  # over the measured steps, shapes kept or not (issue 39: <= +20 MiB over 10,000 steps)
 B, C = 4, 8
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
@@ -103,14 +104,14 @@ def _run(steps: int, keep_shapes: bool) -> dict:
     }
 
 
-def _check(r: dict, kept: int = 0) -> None:
+def _check(r: dict) -> None:
     print(f"\n{r['steps']} steps: RSS +{r['rss_growth_mib']:.1f} MiB, structures alive +{r['structures_grown']}, "
           f"long-lived query's cache entries {r['query_cache_entries']}")
     for c in r["caches"]:
         print("   ", c)
     assert r["structures_grown"] <= 16, f"structures kept alive from step to step: {r}"
     assert r["query_cache_entries"] <= 16, r
-    assert r["rss_growth_mib"] <= GROWTH_MIB + kept * KEPT_SHAPE_BYTES / 2**20, r
+    assert r["rss_growth_mib"] <= GROWTH_MIB, r
 
 
 def test_never_repeating_batches_keep_memory_flat(one_thread):
@@ -122,7 +123,7 @@ def test_never_repeating_batches_keep_memory_flat(one_thread):
 def test_never_repeating_batches_keep_memory_flat_with_shapes_kept(one_thread):
     x = padless.from_list([torch.ones(2, 3), torch.ones(4, 3)])
     assert isinstance(x.shape[1], int)
-    _check(_run(STEPS, keep_shapes=True), kept=3 * STEPS)  # three batches' shapes a step, kept by the caller
+    _check(_run(STEPS, keep_shapes=True))  # three batches' shapes a step, kept by the caller
 
 
 def test_every_cache_states_its_bounds():
