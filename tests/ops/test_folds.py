@@ -231,3 +231,17 @@ def test_a_mask_of_another_batch_size_is_refused_by_name():
     q = x.reshape(-1, x.shape[2], 2).unsqueeze(1)  # 3 folded samples
     with pytest.raises(padless.StructureError, match="attn_mask is a batch of 2 samples and the query a batch of 3"):
         F.scaled_dot_product_attention(q, q, q, attn_mask=x[..., 0].unsqueeze(1))
+
+
+def test_folded_attention_of_a_batch_of_empty_samples_keeps_the_graph():
+    """Every sample empty: the fold has no sample, and attention over it gives the empty result
+    on the input's graph (each dense sample's SDPA does), so a gradient can be asked for
+    (long fuzz run, seed 314699)."""
+    x = padless.from_list([torch.randn(0, 0, 2)], ragged_dims=(0, 1), requires_grad=True)
+    b, n = x.shape[0], x.shape[1]
+    q = x.reshape(b * n, n, 2).unsqueeze(1)
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=x[..., 0].unsqueeze(1).repeat_interleave(n, dim=0))
+    out = out.squeeze(1).reshape(b, n, n, 2)
+    assert out.requires_grad and out.shape[0] == 1
+    (g,) = torch.autograd.grad(out.values().sum(), [x])
+    assert g.unbind()[0].shape == (0, 0, 2)

@@ -357,8 +357,10 @@ def _per_sample(q, k, v, masks, dropout_p, is_causal, scale, enable_gqa, mask_mo
             qi, ki, vi, attn_mask=mi, dropout_p=dropout_p, is_causal=causal, scale=scale, enable_gqa=enable_gqa
         )
         done[i] = _drop_lead(oi, lead).movedim(dq, 0)
-    if not done:
-        return qv.new_empty((0, *qv.shape[1:-1], vv.shape[-1]))
+    if not done:  # a batch of no samples: the empty result, on the inputs' graph as each dense call would be
+        out = qv.new_empty((0, *qv.shape[1:-1], vv.shape[-1]))
+        parts = [t for t in (qv, kv, vv) if t.requires_grad]
+        return out + sum(t.sum() for t in parts) * 0 if parts and torch.is_grad_enabled() else out
     return torch.cat([done[i] for i in range(q.batch_size)])
 
 
