@@ -52,3 +52,19 @@ def test_batch_entry_that_is_also_a_fold_of_envelope_one_is_refused():
         x.view(2, -1)
     folded = x.flatten(0, 1)  # the fold, said unambiguously
     assert folded.batch_size == 1
+
+
+def test_a_ragged_dim_written_as_its_envelope_int_is_refused_where_a_sample_reads_it_otherwise():
+    """``(B, -1, 1)`` of samples (2, 1, 1), (3, 1, 0): the plain int 1 is ragged dim 3's envelope,
+    but sample 1 alone reshapes to (0, 1), not the kept (3, 0) (a silent wrong structure found by
+    the long fuzz run, seed 323204): refused, naming the rewrite. Where every sample reads the
+    ints as the kept shape, or none can take them alone, the kept reading stands."""
+    xs = [torch.randn(2, 1, 1), torch.randn(3, 1, 0)]
+    x = padless.from_list(xs, ragged_dims=(0, 2))
+    with pytest.raises(padless.StructureError, match=r"sample 1 of shape \(3, 1, 0\) alone reads these ints as \(0, 1\), "
+                       r"not \(3, 0\).*x\.shape\[3\]\) or as -1"):
+        x.reshape(2, -1, 1)
+    ys = [torch.randn(2, 1, 1), torch.randn(3, 1, 1)]
+    y = padless.from_list(ys, ragged_dims=(0, 2))
+    for got, d in zip(y.reshape(2, -1, 1).unbind(), ys):
+        torch.testing.assert_close(got, d.reshape(-1, 1))

@@ -147,6 +147,41 @@ def match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     return list(hit)
 
 
+def check_envelope_reading(nt: NestedTensor, target: list[int], dims: Sequence[DimSpec], op: str) -> None:
+    """A ragged dim written as a plain int (its envelope extent) is kept as the ragged dim; refuse
+    where a sample alone reads the same plain ints as another shape (``(B, -1, 1)`` of a sample
+    of size 0 where the envelope is 1: alone it gives ``(0, 1)``, kept it would be ``(3, 0)``).
+    Where a sample alone cannot take the target at all, keeping the ragged dim is the only
+    reading and stands. A size read from the shape is each sample's own: not checked here."""
+    if not any(spec[0] == RAGGED and type(t) is int and t != -1 for t, spec in zip(target[1:], dims)):
+        return
+    hs = nt._meta.host_sizes
+    if hs is None:
+        return  # sizes on the device only (or traced): nothing is read here
+    rest = [int(t) for t in target[1:]]
+    known = math.prod(t for t in rest if t != -1)
+    holes = rest.count(-1)
+    for i, sizes in enumerate(hs.tolist()):
+        numel = math.prod(sizes)
+        if holes == 1:
+            if known == 0 or numel % known:
+                continue
+            own = [numel // known if t == -1 else t for t in rest]
+        elif holes == 0 and known == numel:
+            own = rest
+        else:
+            continue
+        keep = [sizes[spec[1]] if spec[0] == RAGGED else spec[1] for spec in dims]
+        if own != keep:
+            d = next(j for j, (t, spec) in enumerate(zip(target[1:], dims)) if spec[0] == RAGGED and type(t) is int and t != -1)
+            raise StructureError(
+                f"{op}(): the target {tuple(int(t) for t in target)} writes ragged dim {dims[d][1] + 1} as the plain "
+                f"int {rest[d]} (its envelope extent), but sample {i} of shape {tuple(sizes)} alone reads these ints as "
+                f"{tuple(own)}, not {tuple(keep)}: the plain int is ambiguous there. Write that dim as a size read from "
+                f"the shape (x.shape[{dims[d][1] + 1}]) or as -1"
+            )
+
+
 def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     b, d = nt.batch_size, nt.sample_dim
     if len(target) == 0 or target[0] not in (-1, b):

@@ -35,7 +35,7 @@ from padless.tensor.core import (
     _fmt_shape,
     _is_traced,
 )
-from padless.ops.common.host import from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
+from padless.ops.common.host import check_envelope_reading, from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
 from padless.ops.rows import folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
 from padless.ops.rows.shape_ragged import reshape_by_extents, reshape_ragged, split_ragged
@@ -149,6 +149,7 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
         if flat is not None:
             return flat
     _refuse_plain_ambiguity(nt, target, dims, op)
+    check_envelope_reading(nt, target, dims, op)
     return _reshape_static(nt, dims, op)
 
 
