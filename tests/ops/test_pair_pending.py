@@ -486,3 +486,26 @@ def test_double_backward_after_the_bias_changed_in_place_raises():
         m.add_(1.0)
     with pytest.raises(RuntimeError, match=r"modified by an inplace operation: term 0 added to the attention scores"):
         torch.autograd.grad(y.values().pow(2).sum(), xv, create_graph=True)
+
+
+@pytest.mark.parametrize("write", ["data", "no_grad"])
+def test_a_broadcast_operand_written_after_a_pending_op_is_read_as_it_was(write):
+    """Pending pair scores (einsum) shifted by a dense operand that broadcasts, then the operand
+    written (through ``.data``, which moves no version counter, or in place): the first result
+    keeps the values read when its op ran, as dense does (both results once read the new value:
+    long fuzz run, seed 342464)."""
+    xs = [torch.randn(0, 2), torch.randn(1, 2), torch.randn(3, 2)]
+    x = padless.from_list(xs)
+    d = torch.full((1, 1, 1), 2.0)
+    with torch.no_grad():
+        s = torch.einsum("...id,...jd->...ij", x, x)
+        a = d - s
+        if write == "data":
+            d.data.copy_(torch.full((1, 1, 1), 5.0))
+        else:
+            d.add_(3.0)
+        b = d - s
+    for ga, gb, xi in zip(a.unbind(), b.unbind(), xs):
+        si = xi @ xi.T
+        torch.testing.assert_close(ga, 2.0 - si)
+        torch.testing.assert_close(gb, 5.0 - si)

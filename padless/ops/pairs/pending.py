@@ -300,7 +300,7 @@ def _extend(func, args, kwargs) -> Pending | None:
     if not isinstance(other, Tensor) or isinstance(other, Pending) or other.dtype != th.dtype \
             or other.device != th.device or not _broadcasts(other.shape, th.shape):
         return None
-    return _with_term(base, other, coef)
+    return _with_term(base, other, coef, snapshot=tuple(other.shape) != tuple(th.shape))
 
 
 def _broadcasts(shape, to) -> bool:
@@ -310,8 +310,13 @@ def _broadcasts(shape, to) -> bool:
     return all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(to)))
 
 
-def _with_term(th: _Thunk, term: Any, coef: float, own: bool = False) -> Pending:
+def _with_term(th: _Thunk, term: Any, coef: float, own: bool = False, snapshot: bool = False) -> Pending:
     owner = None if own else _owner(term)
+    if snapshot and owner is None:
+        # a broadcast operand that is no batch's rows is the caller's own tensor (a bias, a table
+        # row): the dense op reads its values now, so the recipe keeps a copy (small: it
+        # broadcasts) that no later write, not even one through .data (no version moves), reaches
+        term = term.clone()
     t = _derive(th, "affine")
     t.plan, t.a, t.b, t.alpha = th.plan, th.a, th.b, th.alpha
     t.terms = (*th.terms, (coef, term, owner))
