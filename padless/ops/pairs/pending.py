@@ -300,7 +300,13 @@ def _extend(func, args, kwargs) -> Pending | None:
     if not isinstance(other, Tensor) or isinstance(other, Pending) or other.dtype != th.dtype \
             or other.device != th.device or not _broadcasts(other.shape, th.shape):
         return None
-    return _with_term(base, other, coef, snapshot=tuple(other.shape) != tuple(th.shape))
+    snapshot = tuple(other.shape) != tuple(th.shape)
+    if snapshot and other.requires_grad and not isinstance(other, spread.Spread) and _owner(other) is None:
+        # the caller's own tensor with a history (a parameter): below autograd no copy of it can
+        # keep that history, and the recipe would read it when used, after any write through
+        # .data (which moves no version counter): computed now instead, as dense reads it now
+        return None
+    return _with_term(base, other, coef, snapshot=snapshot)
 
 
 def _broadcasts(shape, to) -> bool:
@@ -312,10 +318,12 @@ def _broadcasts(shape, to) -> bool:
 
 def _with_term(th: _Thunk, term: Any, coef: float, own: bool = False, snapshot: bool = False) -> Pending:
     owner = None if own else _owner(term)
-    if snapshot and owner is None:
-        # a broadcast operand that is no batch's rows is the caller's own tensor (a bias, a table
-        # row): the dense op reads its values now, so the recipe keeps a copy (small: it
-        # broadcasts) that no later write, not even one through .data (no version moves), reaches
+    if snapshot and owner is None and not isinstance(term, spread.Spread) and not term.requires_grad:
+        # a broadcast operand that is no batch's rows is the caller's own tensor (a buffer, a
+        # table row): the dense op reads its values now, so the recipe keeps a copy (small: it
+        # broadcasts) that no later write, not even one through .data (no version moves),
+        # reaches. (One that requires grad keeps its history: below autograd, as here, a copy
+        # would have none; docs/limits.md)
         term = term.clone()
     t = _derive(th, "affine")
     t.plan, t.a, t.b, t.alpha = th.plan, th.a, th.b, th.alpha
