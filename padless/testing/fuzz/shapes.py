@@ -125,8 +125,9 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
             back = c.choice(["reshape", "view", "unflatten"]) if transpose_back else "reshape"
             by_size = c.choice([False, True])
             tags = {RESHAPE_EXTENTS} | ({VIEW_REINTERPRET} if back == "view" else set())
-            if q in ragged and q + 1 in ragged and list(x.storage_order).index(q) > list(x.storage_order).index(q + 1):
-                tags.add(FLATTEN_TRANSPOSED)  # two ragged dims stored in the other order: not adjacent
+            order = list(x.storage_order)
+            if q in ragged and q + 1 in ragged and order.index(q + 1) != order.index(q) + 1:
+                tags.add(FLATTEN_TRANSPOSED)  # two ragged dims not adjacent in storage order (transposed)
 
             def fn(t, o):
                 h, w = _entry(t, o, q, by_size), _entry(t, o, q + 1, by_size)
