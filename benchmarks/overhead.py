@@ -31,6 +31,7 @@ import torch
 
 import padless
 from padless.testing import bench
+from padless.testing.reference import graph_nodes
 
 
 def main() -> None:
@@ -168,7 +169,7 @@ def chain_counts(step, t, n: int = 5) -> str:
 
 def _backward_nodes(step, t) -> int:
     """Autograd nodes the backward of one step runs (reachable from the loss)."""
-    seen, todo = set(), []
+    todo = []
     real_backward = torch.Tensor.backward
 
     def grab(loss, *a, **k):
@@ -180,13 +181,7 @@ def _backward_nodes(step, t) -> int:
         step(t)
     finally:
         torch.Tensor.backward = real_backward
-    while todo:
-        node = todo.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        todo.extend(nxt for nxt, _ in node.next_functions)
-    return len(seen)
+    return sum(len(graph_nodes(root)) for root in todo)
 
 
 CATEGORIES = (  # (category, predicate on (file, function name)); the first match wins

@@ -121,3 +121,16 @@ def check_samples(
     for nt, dense in inputs:
         assert_close_samples(nt.grad, [d.grad for d in dense], what="gradient", **tol)
     return out
+
+
+def graph_nodes(root) -> list:
+    """Every autograd node reachable from ``root`` (a ``grad_fn``, or a tensor: its
+    ``grad_fn``), each once: what a backward from there runs. ``type(n).__name__`` names them."""
+    seen, todo = set(), [getattr(root, "grad_fn", root)]
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        todo.extend(nxt for nxt, _ in node.next_functions)
+    return list(seen)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import padless
+from padless.testing.reference import graph_nodes
 from padless.testing import assert_close_samples, check_samples, leaves
 
 LENS = [[3, 0, 1, 4], [5]]  # an empty sample, a one-row sample; a one-sample batch
@@ -28,14 +29,7 @@ HEAVY = os.environ.get("PADLESS_COMPILE_INDUCTOR", "") not in ("", "0")
 
 
 def _graph_nodes(t: torch.Tensor) -> set[str]:
-    seen, stack = set(), [t.grad_fn]
-    while stack:
-        fn = stack.pop()
-        if fn is None or fn in seen:
-            continue
-        seen.add(fn)
-        stack.extend(nxt for nxt, _ in fn.next_functions)
-    return {type(fn).__name__ for fn in seen}
+    return {type(fn).__name__ for fn in graph_nodes(t)}
 
 
 def _pairs(lens, seed, tail=(H, E)):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 import padless
+from padless.testing.reference import graph_nodes
 from padless.tensor.core import values_of
 
 LENGTHS = [3, 0, 5, 1]
@@ -20,14 +21,7 @@ def _leaf(lengths=LENGTHS, seed=0):
 
 
 def _nodes(fn) -> list[str]:
-    seen, todo = set(), [fn]
-    while todo:
-        n = todo.pop()
-        if n is None or n in seen:
-            continue
-        seen.add(n)
-        todo.extend(m for m, _ in n.next_functions)
-    return sorted(type(n).__name__ for n in seen)
+    return sorted(type(n).__name__ for n in graph_nodes(fn))
 
 
 def _residual(lengths):
