@@ -516,10 +516,8 @@ _VALUES_VIEW_APPLY = super(torch.autograd.Function, _ValuesView).apply  # type: 
 
 
 def values_of(nt: NestedTensor) -> Tensor:
-    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when a gradient is needed. Every read
-    is one tensor: the rows ``nt`` was built from (:func:`padless.tensor.autograd._with_history`),
-    else one view (:class:`_ValuesView`) kept weakly while alive and unwritten, so a residual
-    ``lin(x) + x`` is one node whose dense gradients autograd sums on the rows."""
+    """``nt``'s packed buffer, differentiable w.r.t. ``nt`` when needed: the rows ``nt`` was built
+    from (:func:`padless.tensor.autograd._with_history`), else one weakly kept view (:class:`_ValuesView`)."""
     if nt.requires_grad and torch.is_grad_enabled():
         d = nt.__dict__
         hit = d.get("_grad_rows")  # its rows, unchanged, nobody watching nt's gradient

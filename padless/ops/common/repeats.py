@@ -1,7 +1,7 @@
 """Batches whose samples repeat another batch's: ``bias.repeat_interleave(N, dim=0)``.
 
 Folded triangle attention repeats a pair bias once per row of its sample so that every folded
-sample ``(b, i)`` has a mask (:func:`padless.ops.rows.folds.repeat_batch`: sample ``(b, i)`` is
+sample ``(b, i)`` has a mask (:func:`padless.ops.rows.batch_repeats.repeat_batch`: sample ``(b, i)`` is
 ``bias[b]``). A consumer that can broadcast the source over the repeated samples (attention over
 a folded batch, :mod:`padless.ops.attention.runs`) reads the source instead of the repeated rows:
 it then neither reads those rows nor sends a gradient through the repeat.

@@ -36,7 +36,7 @@ from padless.tensor.core import (
     _is_traced,
 )
 from padless.ops.common.host import check_envelope_reading, from_host_structure, host_structure, int_entries, match_target, ragged_error, shape_arg, static_changed
-from padless.ops.rows import folds
+from padless.ops.rows import batch_repeats, folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
 from padless.ops.rows.shape_ragged import reshape_by_extents, reshape_ragged, split_ragged
 from padless.tensor.extents import Extent, for_batch
@@ -322,7 +322,7 @@ def expand(func, nt: NestedTensor, *sizes, implicit: bool = False) -> NestedTens
     the batch dim and ragged dims must be ``-1`` or their current extent."""
     raw = shape_arg(sizes)
     raw = raw[:1] + [for_batch(e, nt) for e in raw[1:]]  # read from the batch this one was folded from
-    grown = folds.expand_extents(nt, raw)  # a static 1 expanded to sizes read from a shape: a new ragged dim
+    grown = batch_repeats.expand_extents(nt, raw)  # a static 1 expanded to sizes read from a shape: a new ragged dim
     if grown is not None:
         return grown
     target = int_entries("expand", "size", raw)
@@ -484,13 +484,13 @@ def repeat_interleave(func, nt: NestedTensor, repeats=None, dim=None, *, output_
     (boltz's pair bias with diffusion multiplicity 1) is a copy with the same structure;
     ``r`` repeats every sample ``r`` times, a size read from a shape (``z.shape[1]``) repeats
     sample ``b`` by its own size (the bias of every folded row,
-    :func:`padless.ops.rows.folds.repeat_batch`). Any other form takes the path it takes
+    :func:`padless.ops.rows.batch_repeats.repeat_batch`). Any other form takes the path it takes
     without this handler (torch's decomposition into handled ATen ops, else the per-sample
     fallback)."""
     if type(repeats) is int and repeats == 1 and dim is not None and outer_dim(nt, dim, "repeat_interleave") == 0:
         return nested_from_values(values_of(nt).clone(), nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
     if dim is not None and isinstance(nt, NestedTensor) and outer_dim(nt, dim, "repeat_interleave") == 0:
-        return folds.repeat_batch(nt, repeats)  # (b r) ...: every sample repeated (padless.ops.rows.folds)
+        return batch_repeats.repeat_batch(nt, repeats)  # (b r) ...: every sample repeated
     from padless.tensor.core import _TLS, NeedsPerSample
     from padless.tensor.fallback import per_sample_function
 
