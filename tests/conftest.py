@@ -37,6 +37,15 @@ def fresh_dynamo():
     torch._dynamo.reset()
 
 
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """A module of many tiny cases single-threaded (``pytestmark = pytest.mark.usefixtures(...)``)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def one_thread():
     """Run a test single-threaded (same results): tests of many tiny ops would otherwise wait on

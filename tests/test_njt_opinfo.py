@@ -30,12 +30,7 @@ OPS = njt_opinfo.njt_ops()
 RESULTS: list = []
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny cases: no second OpenMP thread
 
 
 class _FakeOp:

@@ -47,13 +47,7 @@ class _HypothesisChooser:
         return self.data.draw(st.sampled_from(list(options)))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: a second OpenMP thread only adds wake-up latency on a busy machine."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny cases: no second OpenMP thread
 
 
 def _finish(tally: Tally, capsys, what: str) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
 
 from padless.testing.fuzz import KNOWN_BUGS, KNOWN_GAPS, RandomChooser, draw_case, judge
 
@@ -42,12 +41,7 @@ def _find(tag: str, table: dict) -> str | None:
     return None
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread_module")  # tiny cases: no second OpenMP thread
 
 
 def test_every_entry_has_a_target():

@@ -296,17 +296,20 @@ def _extend(func, args, kwargs) -> Pending | None:
             return None
         base, other, coef = _scaled(th, sign * alpha), x, 1.0
     if _number(other) is not None:  # a constant: softmax does not see it, the recipe keeps it
-        return _with_term(base, torch.tensor(_number(other), dtype=th.dtype), coef, own=True)
+        return _with_term(base, torch.tensor(_number(other), dtype=th.dtype), coef)
     if not isinstance(other, Tensor) or isinstance(other, Pending) or other.dtype != th.dtype \
             or other.device != th.device or not _broadcasts(other.shape, th.shape):
         return None
-    snapshot = tuple(other.shape) != tuple(th.shape)
-    if snapshot and other.requires_grad and not isinstance(other, spread.Spread) and _owner(other) is None:
-        # the caller's own tensor with a history (a parameter): below autograd no copy of it can
-        # keep that history, and the recipe would read it when used, after any write through
-        # .data (which moves no version counter): computed now instead, as dense reads it now
-        return None
-    return _with_term(base, other, coef, snapshot=snapshot)
+    owner = _owner(other)
+    if owner is None and tuple(other.shape) != tuple(th.shape):
+        # a broadcast operand that is no batch's rows is the caller's own tensor (a bias, a table
+        # row): the dense op reads its values now, and a write through .data moves no version
+        # counter. One with a history (a parameter) is added now: below autograd no copy of it
+        # keeps that history; one without is copied into the recipe (small: it broadcasts)
+        if other.requires_grad:
+            return None
+        other = other.clone()
+    return _with_term(base, other, coef, owner=owner)
 
 
 def _broadcasts(shape, to) -> bool:
@@ -316,15 +319,8 @@ def _broadcasts(shape, to) -> bool:
     return all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(to)))
 
 
-def _with_term(th: _Thunk, term: Any, coef: float, own: bool = False, snapshot: bool = False) -> Pending:
-    owner = None if own else _owner(term)
-    if snapshot and owner is None and not isinstance(term, spread.Spread) and not term.requires_grad:
-        # a broadcast operand that is no batch's rows is the caller's own tensor (a buffer, a
-        # table row): the dense op reads its values now, so the recipe keeps a copy (small: it
-        # broadcasts) that no later write, not even one through .data (no version moves),
-        # reaches. (One that requires grad keeps its history: below autograd, as here, a copy
-        # would have none; docs/limits.md)
-        term = term.clone()
+def _with_term(th: _Thunk, term: Any, coef: float, owner: Any = None) -> Pending:
+    """``th`` plus ``coef * term``; ``owner`` as :func:`_owner` gives it (None: ``term`` itself)."""
     t = _derive(th, "affine")
     t.plan, t.a, t.b, t.alpha = th.plan, th.a, th.b, th.alpha
     t.terms = (*th.terms, (coef, term, owner))
@@ -572,10 +568,10 @@ def spread_shift(func, args, kwargs, inplace: bool):
 def _add_term(x, th: _Thunk, term: Any, coef: float, inplace: bool):
     """The recipe ``th`` plus ``coef * term``: new pending rows, or ``x``'s rows changed in place."""
     if not inplace:
-        return _with_term(th, term, coef, own=True)
+        return _with_term(th, term, coef)
     th.materialize_dependents()  # as _in_place: recipes built on the old one are computed first
     th.value = th.value_version = None
-    _take_recipe(th, _with_term(th, term, coef, own=True)._thunk)
+    _take_recipe(th, _with_term(th, term, coef)._thunk)
     return x._values
 
 

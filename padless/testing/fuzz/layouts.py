@@ -12,9 +12,6 @@ import torch.nn.functional as F
 from padless.tensor.core import NestedTensor
 from padless.testing.fuzz.core import Chooser, Step, seeded
 
-# tags (see padless.testing.fuzz.known)
-FOLD_EXTENT_LEAD = "fold_extent_lead"  # its gap is fixed (no known entry); kept for steps that still carry it
-
 
 def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callable[[], Step]]]:
     """Builders of the layout steps that apply to ``x``."""
@@ -51,8 +48,7 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
                     bias = t[..., 0].unsqueeze(1).repeat_interleave(n, dim=0)  # '(b i) 1 j k'
                     return F.scaled_dot_product_attention(q, q, q, attn_mask=bias).squeeze(1).reshape(b, n, n, e)
 
-                return Step("fold rows (b i) j d, SDPA with the bias repeated per row, unfold", fn, family="layout",
-                            tags=frozenset({FOLD_EXTENT_LEAD}))
+                return Step("fold rows (b i) j d, SDPA with the bias repeated per row, unfold", fn, family="layout")
 
             out["layout"].append(fold_attention)
 

@@ -23,7 +23,6 @@ from padless.testing.fuzz.core import Chooser, Step, seeded
 RESHAPE_EXTENTS = "reshape_extents"
 VIEW_REINTERPRET = "view_reinterpret"
 RESHAPE_PLAIN = "reshape_plain"
-ROWS_REORDERED = "rows_reordered"
 EXTENT_MINMAX = "extent_minmax"
 FLATTEN_TRANSPOSED = "flatten_transposed"
 
@@ -174,7 +173,7 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
                     return getattr(rws, op)(t.shape)
                 return rws.view(t.size()[:-1] + (n,))
 
-            tags = {ROWS_REORDERED}
+            tags = set()
             if op == "view" and tuple(x._ragged) != tuple(sorted(x._ragged)):
                 tags.add(FLATTEN_TRANSPOSED)  # rows of ragged dims stored transposed: view refuses
             return Step(f"rows({op}(-1, {width}), {kind}, back by {back})", fn, family="rows", tags=frozenset(tags))
