@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from padless.testing.fuzz.core import Case, Side, Step, inputs
-from padless.testing.fuzz.run import _as_accurate, run_side
+from padless.testing.fuzz.run import _as_accurate, _operand_grad_as_accurate, run_side
 
 
 def _case() -> Case:
@@ -32,3 +32,36 @@ def test_a_wrong_answer_is_not_excused():
     wrong = got * 1.5  # every value off by half of itself: far beyond bfloat16 rounding
     assert not _as_accurate(case, dense, wrong, refs, 0, 0.0)
     assert not _as_accurate(Case(**{**case.__dict__, "dtype": torch.float32}), dense, got, refs, 0, 0.0)
+
+
+def _linear_case(mode: str) -> Case:
+    def step(t, o):  # a weight made in the case's dtype, as the fuzzer's row steps draw theirs
+        w = o.param("w", lambda: torch.linspace(-1, 1, 8, dtype=torch.bfloat16).reshape(2, 4).requires_grad_())
+        return F.linear(F.layer_norm(t, (4,)), w)
+
+    return Case(shapes=[(3, 4), (0, 4), (5, 4)], ragged=(0,), dtype=torch.bfloat16, seed=7,
+                steps=[Step("layer_norm, linear(bf16 weight)", step, family="basic")], mode=mode)
+
+
+def test_the_float64_chain_reads_weights_of_the_case_dtype_in_float64():
+    case = _linear_case("no_grad")
+    nt, dense = inputs(case.shapes, case.ragged, case.dtype, case.seed, grad=False)
+    got = run_side(case.steps, nt, Side(True), case.mode).outs[0]
+    refs = [run_side(case.steps, d, Side(False, i), case.mode).outs[0] for i, d in enumerate(dense)]
+    assert _as_accurate(case, dense, got, refs, 0, 0.0)  # was False: the chain raised (double @ bfloat16)
+    assert not _as_accurate(case, dense, got * 1.5, refs, 0, 0.0)
+
+
+def test_an_operand_gradient_is_judged_against_the_float64_sum():
+    case = _linear_case("grad")
+    nt, dense = inputs(case.shapes, case.ragged, case.dtype, case.seed, grad=True)
+    got = run_side(case.steps, nt, Side(True), case.mode)
+    refs = [run_side(case.steps, d, Side(False, i), case.mode) for i, d in enumerate(dense)]
+    cot = [torch.ones_like(r.outs[0]) for r in refs]
+    want = [torch.autograd.grad(r.outs[0], [r.side.params["w"]], c)[0] for r, c in zip(refs, cot)]
+    total = torch.stack(want).sum(0)
+    (have,) = torch.autograd.grad(got.outs[0], [got.side.params["w"]], torch.ones_like(got.outs[0]))
+    assert _operand_grad_as_accurate(case, dense, cot, "w", have, total, 0.0)
+    assert not _operand_grad_as_accurate(case, dense, cot, "w", have * 1.5 + 1, total, 0.0)
+    f32 = Case(**{**case.__dict__, "dtype": torch.float32})
+    assert not _operand_grad_as_accurate(f32, dense, cot, "w", have, total, 0.0)

@@ -176,14 +176,15 @@ def twin_softmax(values: Tensor, g: "Groups", log: bool) -> Tensor:
         return _bucketed_runs(values, runs, g.cache, log)  # launches: few calls (empty groups hold no rows)
     if runs is not None and g.empty_group_sample < 0:
         return _RunsSoftmax.apply(values, tuple(runs), log)
+    low = values.dtype in (torch.float16, torch.bfloat16)
+    x = values.float() if low else values  # accumulate as torch's softmax does: one rounding at the end
     with torch.no_grad():
-        m = twin_reduce(values, g, "amax") if g.n_groups else values.new_zeros((0, *values.shape[1:]))
-    shifted = values - m.index_select(0, g.gid)
+        m = twin_reduce(x, g, "amax") if g.n_groups else x.new_zeros((0, *x.shape[1:]))
+    shifted = x - m.index_select(0, g.gid)
     e = torch.exp(shifted)
     s = twin_reduce(e, g, "sum")
-    if log:
-        return shifted - torch.log(s.index_select(0, g.gid))
-    return e / s.index_select(0, g.gid)
+    out = shifted - torch.log(s.index_select(0, g.gid)) if log else e / s.index_select(0, g.gid)
+    return out.to(values.dtype) if low else out
 
 
 BUCKET_LIMIT = 1024

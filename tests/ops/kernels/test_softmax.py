@@ -55,3 +55,19 @@ def test_softmax_on_a_transposed_pair(kernel_device):
     make = lambda: [make_batch("rect", requires_grad=True, device=kernel_device)[0]]  # noqa: E731
     for dim in (1, 2):
         compare_backends(lambda x: torch.softmax(x.transpose(1, 2), dim=dim), make, torch.float32)
+
+
+@pytest.mark.parametrize("log", [False, True], ids=["softmax", "log_softmax"])
+def test_low_precision_softmax_rounds_once_as_torch_does(log):
+    """A bfloat16 softmax over a non-last ragged dim (groups strided in storage) accumulates in
+    float32 and rounds once, as torch's softmax does on each sample: every value is the float64
+    softmax rounded to the nearest bfloat16 (it rounded max, exp and sum on their own before)."""
+    fn = torch.log_softmax if log else torch.softmax
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, n, 2, generator=g).bfloat16() for n in (3, 0, 4, 40)]
+    out = fn(from_list(xs), dim=1)
+    for x, y in zip(xs, out.unbind()):
+        ref = fn(x.double(), dim=0)
+        ulp = torch.ldexp(torch.ones_like(ref), torch.frexp(ref).exponent - 8)  # bfloat16: 8 significant bits
+        err = (y.double() - ref).abs()
+        assert bool((err <= 0.5 * ulp * 1.01 + 1e-6 * ref.abs()).all()), (err / ulp).max()
