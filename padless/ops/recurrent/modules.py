@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.seq_first import SeqFirstView, takes_seq_first
+from padless.ops.recurrent.loop import run_packed
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
@@ -38,6 +39,13 @@ from padless.tensor.registry import implements
 #: errors give them.
 _KERNELS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh", torch.rnn_relu: "rnn_relu"}
 _ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train", "bidirectional", "batch_first")
+
+
+def own_loop(data: Tensor) -> bool:
+    """Whether the batch runs on padless's own recurrence (:mod:`padless.ops.recurrent.loop`):
+    on the CPU, where torch's packed kernel spends most of its backward zero-filling (see
+    ``loop``). Other devices keep torch's kernel (cuDNN on CUDA)."""
+    return data.device.type == "cpu"
 
 
 def _bind(op: str, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -133,10 +141,11 @@ def recurrent(func, *args: Any, **kwargs: Any) -> tuple:
     else:
         data = values_of(x).index_select(0, plan.rows)
         hx = tuple(h if plan.identity else h.index_select(1, plan.order) for h in h0)
-        res = func(
-            data, plan.batch_sizes, hx if func is torch.lstm else hx[0], params, a["has_biases"],
-            a["num_layers"], a["dropout"], a["train"], a["bidirectional"],
-        )
+        flags = (bool(a["has_biases"]), int(a["num_layers"]), float(a["dropout"]), bool(a["train"]), bool(a["bidirectional"]))
+        if own_loop(data):
+            res = run_packed(op, data, plan.batch_sizes.tolist(), hx, params, *flags)
+        else:
+            res = func(data, plan.batch_sizes, hx if func is torch.lstm else hx[0], params, *flags)
         rows = res[0].index_select(0, plan.unpack)
         out = (rewrap(rows, x), *_final_states(plan, tuple(res[1:]), h0))
     if seq_first:
