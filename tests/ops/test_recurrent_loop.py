@@ -75,7 +75,7 @@ def test_each_path_matches_each_sample_alone(kind, path, monkeypatch):
     """Both paths (padless's loop on the CPU, torch's kernel elsewhere), with an empty sample,
     samples of length 1 and a tie: outputs, final states and every gradient per sample."""
     if path == "torch_kernel":
-        monkeypatch.setattr(modules, "own_loop", lambda data: False)
+        monkeypatch.setattr(modules, "own_loop", lambda *a: False)
     m = _module(kind)
     lens = [3, 0, 1, 3, 1]
     g = torch.Generator().manual_seed(1)
@@ -137,3 +137,17 @@ def test_training_dropout_between_layers():
     assert not torch.allclose(train_out, eval_out)  # the second layer read dropped rows
     m.dropout = 0.0
     torch.testing.assert_close(m(xs)[0].values(), eval_out)  # no dropout: train mode is eval mode
+
+
+@pytest.mark.parametrize("grad", ["none", "weights", "input", "no_grad"])
+def test_the_loop_runs_where_autograd_records(grad, monkeypatch):
+    """The own loop on the CPU when a gradient is recorded; torch's kernel (faster without a graph) otherwise."""
+    calls = []
+    monkeypatch.setattr(modules, "run_packed", lambda *a: calls.append(1) or run_packed(*a))
+    m = _module("gru")
+    m.requires_grad_(grad == "weights" or grad == "no_grad")
+    x = padless.from_list([torch.randn(n, 3, dtype=torch.float64) for n in (3, 1)], requires_grad=grad == "input")
+    with torch.set_grad_enabled(grad != "no_grad"):
+        out, _ = m(x)
+    assert len(calls) == (grad in ("weights", "input"))
+    assert_close_samples(out, [m(s[None])[0][0] for s in x.unbind()])
