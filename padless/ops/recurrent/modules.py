@@ -146,7 +146,9 @@ def recurrent(func, *args: Any, **kwargs: Any) -> tuple:
     else:
         data = values_of(x).index_select(0, plan.rows)
         hx = tuple(h if plan.identity else h.index_select(1, plan.order) for h in h0)
-        flags = (bool(a["has_biases"]), int(a["num_layers"]), float(a["dropout"]), bool(a["train"]), bool(a["bidirectional"]))
+        flags = (
+            bool(a["has_biases"]), int(a["num_layers"]), float(a["dropout"]), bool(a["train"]), bool(a["bidirectional"]),
+        )
         if own_loop(data, hx, params):
             res = run_packed(op, data, plan.batch_sizes.tolist(), hx, params, *flags)
         else:
