@@ -9,7 +9,10 @@ output of an embedding does). Lengths are lognormal, clamped to [8, 256]. Three 
 the same module on the same batch:
 
 * **padless**: the module on the NestedTensor ``(B, L_i, E)`` straight from the collate
-  (packed rows gathered into ``PackedSequence`` order and back, planned from host metadata);
+  (packed rows gathered into ``PackedSequence`` order and back, planned from host metadata;
+  on the CPU, with a gradient recorded, padless's own recurrence instead of torch's packed
+  kernel, whose backward zero-fills a ``(sum L_i, 4H)`` buffer per time step: see
+  ``padless/ops/recurrent/loop.py``);
 * **pack_padded**: how RNN pipelines run today: the padded batch ``(B, L_max, E)`` and its
   lengths through ``pack_padded_sequence(enforce_sorted=False)``, the module, and
   ``pad_packed_sequence``;

@@ -164,7 +164,7 @@ def test_sorted_batches_and_trailing_empty_samples(lens):
 def test_training_dropout_runs():
     m = _module("gru")
     xs = _samples([5, 4, 4, 2])
-    m.train()  # dropout between layers: random, but it runs on the packed kernel
+    m.train()  # dropout between layers: random, but it runs (on the CPU: padless's own recurrence)
     out, h = m(padless.from_list(xs, requires_grad=True))
     out.values().sum().backward()
 

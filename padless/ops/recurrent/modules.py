@@ -1,11 +1,12 @@
 """``nn.LSTM`` / ``nn.GRU`` / ``nn.RNN`` on NestedTensors, module code unchanged.
 
 The modules' ``forward`` ends in ``torch._VF.lstm`` (``gru``, ``rnn_tanh``, ``rnn_relu``),
-which reaches ``NestedTensor.__torch_function__``; the handler here runs the same kernel on
-the batch in ``PackedSequence`` form (:mod:`padless.tensor.packed`): one row gather into
-time-major order by length, the packed kernel with the module's flat weights (cuDNN on
-CUDA, MKL-DNN or the native kernel on the CPU, as for ``pack_padded_sequence``), one gather
-back. The plan is built once per batch from host metadata: no device sync.
+which reaches ``NestedTensor.__torch_function__``; the handler here runs the batch in
+``PackedSequence`` form (:mod:`padless.tensor.packed`): one row gather into time-major order
+by length, the recurrence with the module's flat weights, one gather back. The recurrence is
+padless's own (:mod:`padless.ops.recurrent.loop`) on the CPU when autograd records it, and
+torch's packed kernel otherwise (see :func:`own_loop`; cuDNN on CUDA, as for
+``pack_padded_sequence``). The plan is built once per batch from host metadata: no device sync.
 
 * input: a NestedTensor of ``(L_i, E)`` samples with ``batch_first=True``, or its
   sequence-first view ``x.transpose(0, 1)`` (``(T, B, E)``) with ``batch_first=False``;
@@ -28,6 +29,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.common.seq_first import SeqFirstView, takes_seq_first
+from padless.ops.recurrent.loop import run_packed
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
@@ -38,6 +40,17 @@ from padless.tensor.registry import implements
 #: errors give them.
 _KERNELS = {torch.lstm: "lstm", torch.gru: "gru", torch.rnn_tanh: "rnn_tanh", torch.rnn_relu: "rnn_relu"}
 _ARGS = ("input", "hx", "params", "has_biases", "num_layers", "dropout", "train", "bidirectional", "batch_first")
+
+
+def own_loop(data: Tensor, hx: tuple[Tensor, ...], params: list[Tensor]) -> bool:
+    """Whether the batch runs on padless's own recurrence (:mod:`padless.ops.recurrent.loop`):
+    on the CPU when autograd records the step, where torch's packed kernel spends most of its
+    backward zero-filling (see ``loop``). Without a graph to record (inference, ``no_grad``)
+    torch's kernel is faster (its loop is C++: 1.3-1.7x the own loop's forward on one CPU
+    thread, B=32 H=128 to B=2 H=8, 2026-12-07), and other devices keep it (cuDNN on CUDA)."""
+    if data.device.type != "cpu" or not torch.is_grad_enabled():
+        return False
+    return any(t.requires_grad for t in (data, *hx, *params))
 
 
 def _bind(op: str, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -133,10 +146,13 @@ def recurrent(func, *args: Any, **kwargs: Any) -> tuple:
     else:
         data = values_of(x).index_select(0, plan.rows)
         hx = tuple(h if plan.identity else h.index_select(1, plan.order) for h in h0)
-        res = func(
-            data, plan.batch_sizes, hx if func is torch.lstm else hx[0], params, a["has_biases"],
-            a["num_layers"], a["dropout"], a["train"], a["bidirectional"],
+        flags = (
+            bool(a["has_biases"]), int(a["num_layers"]), float(a["dropout"]), bool(a["train"]), bool(a["bidirectional"]),
         )
+        if own_loop(data, hx, params):
+            res = run_packed(op, data, plan.batch_sizes.tolist(), hx, params, *flags)
+        else:
+            res = func(data, plan.batch_sizes, hx if func is torch.lstm else hx[0], params, *flags)
         rows = res[0].index_select(0, plan.unpack)
         out = (rewrap(rows, x), *_final_states(plan, tuple(res[1:]), h0))
     if seq_first:

@@ -88,13 +88,14 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
             def recurrent() -> Step:
                 kind = c.choice(["LSTM", "GRU", "RNN"])
                 bi = c.choice([False, True])
+                layers = c.choice([1, 2])  # on the CPU: padless's own recurrence (ops/recurrent/loop.py)
                 torch.manual_seed(seed)
-                mod = getattr(torch.nn, kind)(e, 3, batch_first=True, bidirectional=bi).to(x.dtype)
+                mod = getattr(torch.nn, kind)(e, 3, num_layers=layers, batch_first=True, bidirectional=bi).to(x.dtype)
 
                 def fn(t, o):
                     return mod(t)[0] if o else mod(t[None])[0][0]
 
-                return Step(f"nn.{kind}(batch_first, bidirectional={bi})", fn, family="layout")
+                return Step(f"nn.{kind}(batch_first, bidirectional={bi}, num_layers={layers})", fn, family="layout")
 
             out["layout"].append(recurrent)
     return {k: v for k, v in out.items() if v}
