@@ -29,6 +29,12 @@ image sizes; it reports the first call (compile) time and the graphs compiled ov
 
 ``--ops 6 48`` counts the aten ops of one train step (forward + backward) at each batch size.
 
+``--steady`` adds the row ``padless (plans built)``: the same batch stepped again after the timed rows
+(an untimed step first), so it pays neither the batch's spatial plans and index maps nor oneDNN's
+kernels for its new canvas shapes: the steady state of a run whose batches repeat their image sizes,
+and, against ``padless``, what a new batch's first step costs. It runs after the others in every
+round (its plans and kernels would otherwise be found by a row after it).
+
 ``--collated`` adds rows whose batches come ready from a DataLoader worker, as in training: the
 collation runs outside the timed step (here, in this process, then pickled as a worker sends it)
 and the timed step starts by unpickling it. ``padless collated`` uses
@@ -39,7 +45,7 @@ spatial plan is built in the worker; ``padless collated (no recipe)`` the same C
 batch (collate + plans + pickling). Every run of this table then starts with no spatial cache kept, so
 no run finds the plans of another run on the same sizes (plans are found by content).
 
-    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile] [--ops 6 48] [--collated]
+    python benchmarks/vision.py [--rounds 7] [--threads 2] [--device cpu] [--designs] [--compile] [--ops 6 48] [--collated] [--steady]
 """
 
 from __future__ import annotations
@@ -232,6 +238,16 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
             runs[n]()
             _sync(dev)
             t[n] = CLOCK() - t0
+        if args.steady:  # last in the round: its untimed step builds what no later row may find
+            model.zero_grad(set_to_none=True)
+            runs["padless"]()
+            model.zero_grad(set_to_none=True)
+            gc.collect()  # untimed: the other rows' garbage (plans hold reference cycles)
+            _sync(dev)
+            t0 = CLOCK()
+            runs["padless"]()
+            _sync(dev)
+            t["padless (plans built)"] = CLOCK() - t0
         if r == 0:
             fwd = forward_only(model, imgs, labels)
             for n, f in fwd.items():
@@ -246,9 +262,7 @@ def model_table(args: argparse.Namespace, layouts: tuple[str, ...] = ()) -> None
             vs_loop.setdefault(n, []).append(t["per-image"] / t[n])
     rows = [Row("resnet fwd+bwd b=12", n, statistics.median(times[n]) * 1e6, statistics.median(ratios[n])) for n in times]
     for row in rows:
-        row.note = f"{statistics.median(vs_loop[row.impl]):.2f}x the per-image loop"
-        if args.collated:
-            row.note += f"; {statistics.median(of_ideal[row.impl]):.2f} of 1/occupancy"
+        row.note = f"{statistics.median(vs_loop[row.impl]):.2f}x the per-image loop; {statistics.median(of_ideal[row.impl]):.2f} of 1/occupancy"
         if row.impl in worker:
             row.note += f"; worker {statistics.median(worker[row.impl][1:]) * 1e3:.1f} ms per batch"
         m = mem.get(row.impl)
@@ -429,6 +443,7 @@ def main() -> None:
     p.add_argument("--backend", default="inductor", help="torch.compile backend of --compile")
     p.add_argument("--ops", type=int, nargs="*", help="only count aten ops per train step at these batch sizes (e.g. --ops 6 48)")
     p.add_argument("--collated", action="store_true", help="also rows whose batches a DataLoader worker made (Collator with a network plan recipe; padded)")
+    p.add_argument("--steady", action="store_true", help="also padless on each batch stepped again (plans and oneDNN kernels already built)")
     args = p.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
