@@ -138,22 +138,67 @@ def test_fold_without_fullgraph_when_dynamic_output_shapes_are_captured():
         assert _check_against_eager(RowAttention(sdpa=False), fullgraph=False, batches=CHANGING) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="known gap (issue 41): without fullgraph and without "
-                   "capture_dynamic_output_shape_ops, dynamo breaks the graph at the fold; the folded batch enters the "
-                   "next graph without its link to the parent, so the unfold is refused")
-def test_fold_across_a_graph_break():
+def _dense_per_sample(f, ns, seed: int = 0) -> None:
+    """``f`` compiled (aot_eager, no fullgraph) and eager on a batch of ``(n, n, D)`` samples for each
+    ``ns``, checked per sample against ``f`` on that sample alone as a dense batch of one (values and
+    gradients). Returns the number of graphs."""
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=cnt)
+    for i, batch in enumerate(ns):
+        g = torch.Generator().manual_seed(seed + i)
+        samples = [torch.randn(n, n, D, generator=g) for n in batch]
+        for run in (compiled, f):
+            x = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+            out = run(x)
+            (out.values() ** 2).sum().backward()
+            for s, o, gx in zip(samples, out.unbind(), x.grad.unbind()):
+                d = s.clone().requires_grad_(True)
+                ref = f(d[None])[0]
+                (ref ** 2).sum().backward()
+                torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(gx, d.grad, atol=1e-5, rtol=1e-5)
+    return cnt.frame_count
+
+
+def test_fold_without_fullgraph_one_graph():
+    """The fold's sample count (sum N_i) is the carried size ``drop_count`` of a pair state
+    (padless.ops.common.carried): an input size, so no data-dependent op and no graph break at the
+    fold without ``fullgraph=True``: the unfold meets the folded batch's link in the same graph."""
     lin = nn.Linear(D, D)
 
     def f(z):
         B, N = z.shape[0], z.shape[1]
         return lin(z.reshape(B * N, N, D)).reshape(B, N, N, D)
 
+    assert _dense_per_sample(f, CHANGING) == 1
+
+
+def test_fold_of_an_envelope_of_one_under_compile_is_refused():
+    """Every sample of length 0 or 1: the compiler specialises N = 1, so ``B * N`` is ``B`` and the
+    target cannot say fold from keep (eagerly the size read from the shape says it): refused,
+    naming the explicit forms, which compile (next test)."""
+    with pytest.raises(Exception, match=r"reshape\(\): under torch.compile, target .* may fold dim 1 into the batch "
+                       r"or keep the batch: .*specialises \(N = 1\).*z.flatten\(0, 1\)"):
+        _check_against_eager(RowAttention(sdpa=True), fullgraph=True, batches=[[1, 0, 1]])
+    z = padless.from_list([torch.randn(1, 1, D), torch.randn(1, 1, D)], ragged_dims=(0, 1))
+
+    def g(z):  # the explicit fold, then B * N for the folded batch: unfold or keep it?
+        B, N = z.shape[0], z.shape[1]
+        return z.flatten(0, 1).reshape(B * N, N, D)
+
     torch._dynamo.reset()
-    torch.compile(f, backend="aot_eager")(padless.from_list([torch.randn(n, n, D) for n in (4, 1, 2)], ragged_dims=(0, 1)))
+    with pytest.raises(Exception, match=r"may keep this folded batch or unfold it: .*specialises \(N = 1\)"):
+        torch.compile(g, backend="aot_eager", fullgraph=True)(z)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="known gap (issue 41): a batch whose envelope is 1 "
-                   "(every sample of length 1) specialises N = 1 under torch.compile, where B * N == B cannot say "
-                   "fold from keep (eager reads the size from the shape)")
-def test_fold_of_an_envelope_of_one_under_compile():
-    _check_against_eager(RowAttention(sdpa=True), fullgraph=True, batches=[[1, 1]])
+def test_explicit_fold_and_unfold_of_an_envelope_of_one_under_compile():
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        zf = z.flatten(0, 1)
+        y = lin(zf).view(zf.shape[0], N, 2, D // 2)
+        return y.reshape(zf.shape[0], N, D).unflatten(0, (B, N))
+
+    _dense_per_sample(f, [[3, 1, 2], [1, 1], [1, 0, 1]])
