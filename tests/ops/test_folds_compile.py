@@ -131,9 +131,10 @@ def test_fold_attention_unfold_with_a_one_sample_batch():
 
 
 def test_fold_without_fullgraph_when_dynamic_output_shapes_are_captured():
-    """The fold's sample count (sum N_i) comes out of a custom op with a data-dependent size
-    (``padless::total_carrier``): dynamo captures it under ``fullgraph=True`` or with
-    ``capture_dynamic_output_shape_ops``; then one graph, as with fullgraph."""
+    """The fold itself needs no data-dependent size (test_fold_without_fullgraph_one_graph), but
+    the pair product ``q @ k^T`` of the folded batch makes its row count with a custom op of
+    data-dependent size (``padless::total_carrier``, padless.ops.pairs.traced): dynamo captures it
+    under ``fullgraph=True`` or with ``capture_dynamic_output_shape_ops``; then one graph."""
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         assert _check_against_eager(RowAttention(sdpa=False), fullgraph=False, batches=CHANGING) == 1
 
@@ -172,6 +173,23 @@ def test_fold_without_fullgraph_one_graph():
         return lin(z.reshape(B * N, N, D)).reshape(B, N, N, D)
 
     assert _dense_per_sample(f, CHANGING) == 1
+
+
+def test_unfold_after_a_graph_break_is_refused():
+    """A folded batch crosses a graph break without its link to the parent (sizes after the break
+    are plain ints): the unfold there is refused, saying why."""
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        y = lin(z.reshape(B * N, N, D))
+        torch._dynamo.graph_break()
+        return y.reshape(B, N, N, D)
+
+    torch._dynamo.reset()
+    z = padless.from_list([torch.randn(n, n, D) for n in (4, 1, 2)], ragged_dims=(0, 1))
+    with pytest.raises(Exception, match=r"a graph break between the fold and the unfold .* loses that link"):
+        torch.compile(f, backend="aot_eager")(z)
 
 
 def test_fold_of_an_envelope_of_one_under_compile_is_refused():
