@@ -220,3 +220,31 @@ def test_explicit_fold_and_unfold_of_an_envelope_of_one_under_compile():
         return y.reshape(zf.shape[0], N, D).unflatten(0, (B, N))
 
     _dense_per_sample(f, [[3, 1, 2], [1, 1], [1, 0, 1]])
+
+
+def test_fold_of_a_transposed_pair_without_fullgraph_one_graph():
+    """Samples (N_i, M_i) transposed (stored as (1, 0)): the fold relays the rows out first, and its
+    count (sum M_i) is the carried size of the batch before that (one graph, no fullgraph)."""
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        zt = z.transpose(1, 2)
+        B, M = zt.shape[0], zt.shape[1]
+        return lin(zt.flatten(0, 1)).unflatten(0, (B, M))
+
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=cnt)
+    for i, shapes in enumerate([[(3, 2), (1, 4), (2, 2)], [(2, 5), (4, 1), (3, 3), (1, 1)], [(5, 2), (2, 1)]]):
+        g = torch.Generator().manual_seed(i)
+        samples = [torch.randn(n, m, D, generator=g) for n, m in shapes]
+        x = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+        out = compiled(x)
+        (out.values() ** 2).sum().backward()
+        for s, o, gx in zip(samples, out.unbind(), x.grad.unbind()):
+            d = s.clone().requires_grad_(True)
+            ref = lin(d.transpose(0, 1))  # the sample alone: (M, N, D)
+            (ref ** 2).sum().backward()
+            torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(gx, d.grad, atol=1e-5, rtol=1e-5)
+    assert cnt.frame_count == 1
