@@ -131,29 +131,120 @@ def test_fold_attention_unfold_with_a_one_sample_batch():
 
 
 def test_fold_without_fullgraph_when_dynamic_output_shapes_are_captured():
-    """The fold's sample count (sum N_i) comes out of a custom op with a data-dependent size
-    (``padless::total_carrier``): dynamo captures it under ``fullgraph=True`` or with
-    ``capture_dynamic_output_shape_ops``; then one graph, as with fullgraph."""
+    """The fold itself needs no data-dependent size (test_fold_without_fullgraph_one_graph), but
+    the pair product ``q @ k^T`` of the folded batch makes its row count with a custom op of
+    data-dependent size (``padless::total_carrier``, padless.ops.pairs.traced): dynamo captures it
+    under ``fullgraph=True`` or with ``capture_dynamic_output_shape_ops``; then one graph."""
     with torch._dynamo.config.patch(capture_dynamic_output_shape_ops=True):
         assert _check_against_eager(RowAttention(sdpa=False), fullgraph=False, batches=CHANGING) == 1
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="known gap (issue 41): without fullgraph and without "
-                   "capture_dynamic_output_shape_ops, dynamo breaks the graph at the fold; the folded batch enters the "
-                   "next graph without its link to the parent, so the unfold is refused")
-def test_fold_across_a_graph_break():
+def _dense_per_sample(f, ns, seed: int = 0) -> None:
+    """``f`` compiled (aot_eager, no fullgraph) and eager on a batch of ``(n, n, D)`` samples for each
+    ``ns``, checked per sample against ``f`` on that sample alone as a dense batch of one (values and
+    gradients). Returns the number of graphs."""
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=cnt)
+    for i, batch in enumerate(ns):
+        g = torch.Generator().manual_seed(seed + i)
+        samples = [torch.randn(n, n, D, generator=g) for n in batch]
+        for run in (compiled, f):
+            x = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+            out = run(x)
+            (out.values() ** 2).sum().backward()
+            for s, o, gx in zip(samples, out.unbind(), x.grad.unbind()):
+                d = s.clone().requires_grad_(True)
+                ref = f(d[None])[0]
+                (ref ** 2).sum().backward()
+                torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+                torch.testing.assert_close(gx, d.grad, atol=1e-5, rtol=1e-5)
+    return cnt.frame_count
+
+
+def test_fold_without_fullgraph_one_graph():
+    """The fold's sample count (sum N_i) is the carried size ``drop_count`` of a pair state
+    (padless.ops.common.carried): an input size, so no data-dependent op and no graph break at the
+    fold without ``fullgraph=True``: the unfold meets the folded batch's link in the same graph."""
     lin = nn.Linear(D, D)
 
     def f(z):
         B, N = z.shape[0], z.shape[1]
         return lin(z.reshape(B * N, N, D)).reshape(B, N, N, D)
 
+    assert _dense_per_sample(f, CHANGING) == 1
+
+
+def test_unfold_after_a_graph_break_is_refused():
+    """A folded batch crosses a graph break without its link to the parent (sizes after the break
+    are plain ints): the unfold there is refused, saying why."""
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        y = lin(z.reshape(B * N, N, D))
+        torch._dynamo.graph_break()
+        return y.reshape(B, N, N, D)
+
     torch._dynamo.reset()
-    torch.compile(f, backend="aot_eager")(padless.from_list([torch.randn(n, n, D) for n in (4, 1, 2)], ragged_dims=(0, 1)))
+    z = padless.from_list([torch.randn(n, n, D) for n in (4, 1, 2)], ragged_dims=(0, 1))
+    with pytest.raises(Exception, match=r"a graph break between the fold and the unfold .* loses that link"):
+        torch.compile(f, backend="aot_eager")(z)
 
 
-@pytest.mark.xfail(strict=True, raises=Exception, reason="known gap (issue 41): a batch whose envelope is 1 "
-                   "(every sample of length 1) specialises N = 1 under torch.compile, where B * N == B cannot say "
-                   "fold from keep (eager reads the size from the shape)")
-def test_fold_of_an_envelope_of_one_under_compile():
-    _check_against_eager(RowAttention(sdpa=True), fullgraph=True, batches=[[1, 1]])
+def test_fold_of_an_envelope_of_one_under_compile_is_refused():
+    """Every sample of length 0 or 1: the compiler specialises N = 1, so ``B * N`` is ``B`` and the
+    target cannot say fold from keep (eagerly the size read from the shape says it): refused,
+    naming the explicit forms, which compile (next test)."""
+    with pytest.raises(Exception, match=r"reshape\(\): under torch.compile, target .* may fold dim 1 into the batch "
+                       r"or keep the batch: .*specialises \(N = 1\).*z.flatten\(0, 1\)"):
+        _check_against_eager(RowAttention(sdpa=True), fullgraph=True, batches=[[1, 0, 1]])
+    z = padless.from_list([torch.randn(1, 1, D), torch.randn(1, 1, D)], ragged_dims=(0, 1))
+
+    def g(z):  # the explicit fold, then B * N for the folded batch: unfold or keep it?
+        B, N = z.shape[0], z.shape[1]
+        return z.flatten(0, 1).reshape(B * N, N, D)
+
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"may keep this folded batch or unfold it: .*specialises \(N = 1\)"):
+        torch.compile(g, backend="aot_eager", fullgraph=True)(z)
+
+
+def test_explicit_fold_and_unfold_of_an_envelope_of_one_under_compile():
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        zf = z.flatten(0, 1)
+        y = lin(zf).view(zf.shape[0], N, 2, D // 2)
+        return y.reshape(zf.shape[0], N, D).unflatten(0, (B, N))
+
+    _dense_per_sample(f, [[3, 1, 2], [1, 1], [1, 0, 1]])
+
+
+def test_fold_of_a_transposed_pair_without_fullgraph_one_graph():
+    """Samples (N_i, M_i) transposed (stored as (1, 0)): the fold relays the rows out first, and its
+    count (sum M_i) is the carried size of the batch before that (one graph, no fullgraph)."""
+    lin = nn.Linear(D, D)
+
+    def f(z):
+        zt = z.transpose(1, 2)
+        B, M = zt.shape[0], zt.shape[1]
+        return lin(zt.flatten(0, 1)).unflatten(0, (B, M))
+
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=cnt)
+    for i, shapes in enumerate([[(3, 2), (1, 4), (2, 2)], [(2, 5), (4, 1), (3, 3), (1, 1)], [(5, 2), (2, 1)]]):
+        g = torch.Generator().manual_seed(i)
+        samples = [torch.randn(n, m, D, generator=g) for n, m in shapes]
+        x = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+        out = compiled(x)
+        (out.values() ** 2).sum().backward()
+        for s, o, gx in zip(samples, out.unbind(), x.grad.unbind()):
+            d = s.clone().requires_grad_(True)
+            ref = lin(d.transpose(0, 1))  # the sample alone: (M, N, D)
+            (ref ** 2).sum().backward()
+            torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(gx, d.grad, atol=1e-5, rtol=1e-5)
+    assert cnt.frame_count == 1

@@ -182,12 +182,20 @@ def check_envelope_reading(nt: NestedTensor, target: list[int], dims: Sequence[D
             )
 
 
+_LOST_LINK = (
+    ". Under torch.compile, the unfold (B, N, ...) of a folded batch finds its parent through the fold "
+    "in the same graph: a graph break between the fold and the unfold (torch._dynamo.graph_break(), an op "
+    "that runs eagerly) loses that link. Keep the fold and its unfold in one graph, or unfold eagerly"
+)
+
+
 def _match_target(nt: NestedTensor, target: list[int], op: str) -> list[DimSpec]:
     b, d = nt.batch_size, nt.sample_dim
     if len(target) == 0 or target[0] not in (-1, b):
         raise StructureError(
             f"{op}(): the target shape {tuple(target)} must keep the batch dim first "
             f"(as {b} or -1); a NestedTensor's samples cannot be merged or split"
+            + (_LOST_LINK if nt._meta.host_sizes is None and _is_traced(nt._sizes) else "")
         )
     rest = target[1:]
     if any(e < -1 for e in rest):

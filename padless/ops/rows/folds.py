@@ -160,7 +160,7 @@ def folds_own_dim(nt: NestedTensor, raw: Sequence[Any]) -> bool:
     return lead.per_sample() == [b * n for n in own]
 
 
-def folded_batch_entry(nt: NestedTensor, raw: list) -> list:
+def folded_batch_entry(nt: NestedTensor, raw: list, op: str = "reshape") -> list:
     """``raw`` with its batch entry read as this batch: in a batch folded from ``B`` samples of
     envelope ``n``, padded code writes the batch as ``B * n`` (``q.view(B * N, N, H, d)``)."""
     if not raw:
@@ -173,6 +173,8 @@ def folded_batch_entry(nt: NestedTensor, raw: list) -> list:
     if _traced(nt):
         own = nt._meta.derived.get(_KEY)
         found = own is not None and folds_traced.same(lead, own.batch_size * own.extent)
+        if found and folds_traced.same(own.extent, 1):  # B * 1 == B: the folded batch, or the unfold
+            raise StructureError(_envelope_of_one(op, raw, "keep this folded batch or unfold it"))
     else:
         found = any(k.batch_size * k.extent == lead for k in links(nt))
     return [nt.batch_size, *raw[1:]] if found else raw
@@ -190,10 +192,11 @@ def fold(nt: NestedTensor, op: str = "fold") -> NestedTensor:
     traced = _traced(nt)
     parent = None if traced else nt._lineage
     if 0 in nt._ragged:
+        count = folds_traced.fold_count(nt) if traced else None  # from the carriers of nt's own structure
         if nt._ragged[0] != 0:  # (N_i, M_i) stored as (1, 0): bring dim 0 first (one gather)
             nt = relayout(nt, (0, *[r for r in nt._ragged if r != 0]))
         if traced:
-            return folds_traced.fold_ragged(nt, FoldLink, _KEY)
+            return folds_traced.fold_ragged(nt, FoldLink, _KEY, count)
         out = _fold_ragged(nt, op)
     elif traced:
         return folds_traced.fold_static(nt, FoldLink, _KEY)
@@ -392,9 +395,12 @@ def fold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTensor 
             return None  # x.reshape(-1, C) of pairs: every row, also where the sizes would let a fold fit
     elif not folds_traced.same(lead, b * n):
         return None
-    elif type(lead) is int and type(n) is int and n == 1 and 0 in nt._ragged:
+    elif 0 in nt._ragged and folds_traced.same(n, 1) and (type(lead) is int or _traced(nt)):
         # B * 1 == B: folding a ragged dim of envelope 1 or keeping the batch (each sample's own
-        # reshape, x[i].reshape(*rest)); x.flatten(0, 1) says "fold"
+        # reshape, x[i].reshape(*rest)); x.flatten(0, 1) says "fold". Under compile an envelope
+        # of 1 is specialised (N = 1), so B * N is B itself, whatever the code wrote
+        if _traced(nt):
+            raise StructureError(_envelope_of_one(op, raw, "fold dim 1 into the batch or keep the batch"))
         raise StructureError(
             f"{op}(): target {_fmt(raw)} is ambiguous for a NestedTensor of envelope {tuple(nt.shape)}: its first "
             f"entry {lead} is both the batch size and batch * envelope of ragged dim 1 (which is 1), so it may fold "
@@ -433,7 +439,7 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
     lead, n = raw[0], raw[1]
     if not all(isinstance(e, (int, torch.SymInt)) and not isinstance(e, bool) for e in (lead, n)):
         return None
-    if folds_traced.same(lead, nt.batch_size):
+    if folds_traced.same(lead, nt.batch_size) and op != "unflatten":  # unflatten(0, ...) never keeps the batch
         if isinstance(lead, Extent) or not _names_parent(nt, n):  # B * N names the folded batch, B the parent
             return None  # the batch stays: a reshape inside every sample
         # B == sum N_i (samples (2, 2) and (0, 0)): N read from the parent names the unfold; the
@@ -513,6 +519,18 @@ class _Parent:
 def _unfold_target(nt: NestedTensor, counts: list[int], kind: str, raw: Sequence[Any], op: str) -> NestedTensor:
     inner = _rest_reshape(nt, raw[2:], op)
     return unfold(inner, counts, kind, op, extents=raw[2:])
+
+
+def _envelope_of_one(op: str, raw: Sequence[Any], readings: str) -> str:
+    """The refusal of a fold or unfold target under ``torch.compile`` where the folded dim's
+    envelope is 1 (every sample of length 0 or 1): the compiler specialises ``N = 1``, so the
+    target's first entry ``B * N`` is ``B`` and says nothing of which reading the code meant."""
+    return (
+        f"{op}(): under torch.compile, target {_fmt(raw)} may {readings}: the batch's envelope along the folded "
+        "dim is 1 (every sample of length 0 or 1), which the compiler specialises (N = 1), so B * N is B. Say "
+        "which one with the explicit forms: fold with zf = z.flatten(0, 1), write the folded batch's size as "
+        "zf.shape[0] (q.view(zf.shape[0], N, H, d)) and unfold with o.unflatten(0, (B, N)); or run this batch eagerly"
+    )
 
 
 def _fmt(raw: Sequence[Any]) -> str:

@@ -1,9 +1,14 @@
 """Folds under ``torch.compile``: the same structures as :mod:`padless.ops.rows.folds`, built
 from the device sizes and offsets with tensor arithmetic only (no host read).
 
-The folded batch of a ragged fold has ``sum N_i`` samples, a count no input size gives: it is
-an unbacked size (:func:`padless.tensor.traced.traced_sum`), so batches of any lengths run in
-one graph. The link to the parent holds the parent's extents along the folded dim as a tensor
+The folded batch of a ragged fold has ``sum N_i`` samples (:func:`fold_count`). Where the
+batch has dim 0 as its only ragged dim that is its row count; where it has one more ragged dim
+(pairs ``(N_i, N_i, d)``), the size carrier ``drop_count_k`` that every batch with host sizes
+brings into a compiled graph (:mod:`padless.ops.common.carried`) holds it: an input size, so
+the fold needs no data-dependent op and compiles in one graph also without ``fullgraph=True``
+(no graph break at the fold). Otherwise it is an unbacked size computed in the graph
+(:func:`padless.tensor.traced.traced_sum`: a graph break without ``fullgraph=True`` or
+``capture_dynamic_output_shape_ops``). Batches of any lengths run in one graph. The link to the parent holds the parent's extents along the folded dim as a tensor
 and its envelope as a symbol; an unfold finds it on the folded batch's structure (ops that
 keep the rows carry it). Sizes read from a shape are plain symbols here (no
 :class:`~padless.tensor.extents.Extent`), so the unfold of a batch whose link was lost (the
@@ -18,12 +23,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from padless.ops.common.carried import DROP_COUNT
 from padless.tensor import layout
 from padless.tensor.autograd import nested_from_values, values_of
 from padless.tensor.core import NestedTensor, StructureMeta
 from padless.tensor.traced import traced_sum
 
-__all__ = ["fold_ragged", "fold_static", "unfold", "same", "refuse"]
+__all__ = ["fold_count", "fold_ragged", "fold_static", "unfold", "same", "refuse"]
 
 
 def same(a: Any, b: Any) -> bool:
@@ -37,11 +43,27 @@ def same(a: Any, b: Any) -> bool:
     return bool(statically_known_true(a == b))
 
 
-def fold_ragged(nt: NestedTensor, link_type: type, key: tuple) -> NestedTensor:
-    """Sample dim 0 (ragged, stored first) folded into the batch; the rows stay."""
+def fold_count(nt: NestedTensor) -> Any:
+    """``sum N_i`` (sample dim 0, ragged) as a size: the rows of a batch ragged along dim 0 only,
+    the carried ``drop_count`` of the other ragged dim of a batch with two, else (no carrier, or
+    three ragged dims) an unbacked size computed in the graph."""
+    ragged = nt._ragged
+    if ragged == (0,):
+        return nt._values.shape[0]
+    if len(ragged) == 2 and 0 in ragged:
+        k = 1 - ragged.index(0)  # drop the other ragged dim: the rows left are sum N_i
+        carrier = nt._meta.derived.get((DROP_COUNT[k], nt._values.device))
+        if carrier is not None:
+            return carrier.shape[0]
+    return traced_sum(nt._sizes[:, 0])
+
+
+def fold_ragged(nt: NestedTensor, link_type: type, key: tuple, s: Any = None) -> NestedTensor:
+    """Sample dim 0 (ragged, stored first) folded into the batch; the rows stay. ``s``: its
+    :func:`fold_count`, when read before ``nt`` was relaid out (the carrier is the source's)."""
     sizes, offsets = nt._sizes, nt._offsets
     n = sizes[:, 0]
-    s = traced_sum(n)
+    s = fold_count(nt) if s is None else s
     rows = offsets[1:] - offsets[:-1]
     per = torch.where(n > 0, torch.div(rows, n.clamp_min(1), rounding_mode="floor"), torch.zeros_like(rows))
     new_sizes = sizes[:, 1:].repeat_interleave(n, dim=0, output_size=s)

@@ -78,7 +78,7 @@ def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> 
     raw = list(shape_arg(shape))  # before int_entries: size entries that remember each sample's size
     if folds.folds_own_dim(nt, raw):  # z.reshape(B * N, M, d), N = z.shape[1]: the fold, nothing else
         return folds.fold_reshape(nt, raw, op)
-    entry = folds.folded_batch_entry(nt, raw)  # q.view(B * N, ...) of a batch folded from B samples
+    entry = folds.folded_batch_entry(nt, raw, op)  # q.view(B * N, ...) of a batch folded from B samples
     if entry is not raw:
         # B * N == B where the folded dim's envelope is 1: (B, N, ...) unfolds first (the parent's
         # empty samples come back), the folded batch entry where that does not fit
