@@ -201,3 +201,56 @@ def test_fold_by_b_times_n_is_not_read_as_a_recent_fold_of_another_batch():
     assert folded.sizes().tolist() == [[2, D], [2, D]]
     out = check_samples(_fold_rows_softmax, lambda s: _fold_rows_softmax(s[None])[0], [_pairs([2, 2])])
     assert out.sizes().tolist() == [[2, 2, D], [2, 2, D]]
+
+
+# ---------------------------------------------------------------------------- empty parent samples
+
+
+def _rect(shapes, seed=0):
+    return leaves([(n, m, D) for n, m in shapes], seed=seed, ragged=(0, 1), dtype=torch.float64)
+
+
+RECT = [(2, 3), (0, 3), (3, 5), (0, 2)]
+
+
+@pytest.mark.parametrize("how", ["unflatten", "view"])
+def test_an_empty_parent_sample_unfolds_with_its_own_extents(how):
+    """A parent sample of N_b = 0 gives no samples to the fold, so nothing in the folded batch holds
+    its M_b: the fold's link keeps it, and the unfold gives it (0, M_b, d), not (0, 0, d)."""
+    nt, dense = _rect(RECT)
+    lin = nn.Linear(D, 5).double()
+    B, N = nt.shape[0], nt.shape[1]
+
+    def fn(z):
+        y = lin(z.flatten(0, 1))
+        return y.unflatten(0, (B, N)) if how == "unflatten" else y.view(B, N, y.shape[1], 5)
+
+    out = check_samples(fn, lambda x: lin(x), [(nt, dense)])
+    assert [tuple(t.shape) for t in out.unbind()] == [(2, 3, 5), (0, 3, 5), (3, 5, 5), (0, 2, 5)]
+
+
+def test_an_empty_parent_sample_whose_extents_an_op_changed_is_refused():
+    """Scores ``q @ k^T`` of the folded rows: the ragged dims changed since the fold, so an empty
+    parent sample's extents are not known from the link: refused, and the rewrite (sizes read from
+    the parent's shape) gives every sample its own."""
+    nt, dense = _rect(RECT)
+    B, N, M = nt.shape[0], nt.shape[1], nt.shape[2]
+    f = nt.flatten(0, 1)
+    with pytest.raises(padless.StructureError, match=r"parent sample 1 gave no samples to the fold.*M = z.shape\[2\]"):
+        (f @ f.transpose(-1, -2)).unflatten(0, (B, N))
+    check_samples(lambda z: (lambda f: (f @ f.transpose(-1, -2)).reshape(B, N, M, M))(z.flatten(0, 1)),
+                  lambda x: x @ x.transpose(-1, -2), [(nt, dense)])
+
+
+def test_an_empty_parent_sample_when_the_fold_has_as_many_samples_as_the_parent():
+    """Pairs (2, 2), (1, 1), (0, 0): the folded batch has 3 samples, as its parent, and its own
+    sizes (2, 2, 1) along j are not the parent's: the empty sample unfolds to (0, 0, d), not (0, 1, d)."""
+    nt, dense = _pairs([2, 1, 0])
+    B, N = nt.shape[0], nt.shape[1]
+
+    def fn(z):
+        f = z.flatten(0, 1)
+        return (f - f.mean(1, keepdim=True)).unflatten(0, (B, N))
+
+    out = check_samples(fn, lambda x: x - x.mean(1, keepdim=True), [(nt, dense)])
+    assert [tuple(t.shape) for t in out.unbind()] == [(2, 2, D), (1, 1, D), (0, 0, D)]

@@ -79,6 +79,30 @@ class FoldLink:
     kind: str
     counts: tuple[int, ...] | Tensor
     extent: int | torch.SymInt
+    #: when a parent sample gave no samples (count 0): the parent's sizes after the folded dim,
+    #: ``(sizes per parent sample, the ragged ones among them)``, so the unfold gives an empty
+    #: sample its own extents (nothing else holds them); ``()`` when every count is positive
+    rest: tuple = ()
+
+    def empty_sizes(self, nt: NestedTensor, rows: Tensor, nonempty: Tensor, op: str) -> None:
+        """Fill ``rows`` (per parent sample, the unfolded sizes after the new leading dim) of the
+        empty parent samples from :attr:`rest`, where ``nt`` (the folded batch, unfolding) still
+        has the parent's ragged dims and every non-empty group its parent's sizes along them."""
+        if not self.rest:
+            return
+        sizes, ragged = self.rest
+        ref = torch.tensor(sizes, dtype=torch.int64).reshape(len(sizes), -1)
+        cols = list(ragged)
+        if tuple(nt._ragged) != ragged or ref.shape != rows.shape or not bool((rows[nonempty][:, cols] == ref[nonempty][:, cols]).all()):
+            b = int((~nonempty).nonzero()[0, 0])
+            raise StructureError(
+                f"{op}(): parent sample {b} gave no samples to the fold, and the folded samples' ragged extents "
+                f"changed since (ragged dims {tuple(nt._ragged)}, sizes of sample 0 {tuple(rows[0].tolist())}; at the fold "
+                f"{ragged}, {sizes[0]}), so sample {b}'s own extents are not known; unfold before the op that changes "
+                "them, or read them from the parent's shape (o.reshape(B, N, M, M) with sizes M = z.shape[2])"
+            )
+        for j in cols:
+            rows[~nonempty, j] = ref[~nonempty, j]
 
     @property
     def batch_size(self) -> int:
@@ -214,6 +238,13 @@ def _regrouped(out: NestedTensor, parent: Any, counts: Sequence[int]) -> NestedT
     return out
 
 
+def _rest(hs: Tensor, counts: Tensor, nt: NestedTensor) -> tuple:
+    """:attr:`FoldLink.rest` of a fold of ``nt`` (host sizes ``hs``) into ``counts`` per sample."""
+    if bool((counts > 0).all()):
+        return ()
+    return tuple(map(tuple, hs[:, 1:].tolist())), tuple(r - 1 for r in nt._ragged if r > 0)
+
+
 def _traced(nt: NestedTensor) -> bool:
     """Inside a compiled graph: sizes are runtime tensors and there is no host metadata."""
     return nt._meta.host_sizes is None and _is_traced(nt._sizes)
@@ -234,7 +265,7 @@ def _fold_ragged(nt: NestedTensor, op: str) -> NestedTensor:
         starts = ho[:-1].repeat_interleave(n, output_size=s) + (torch.arange(s) - first) * per.repeat_interleave(n, output_size=s)
         new_ho = torch.cat([starts, ho[-1:]])
         meta = StructureMeta(new_hs, new_ho)
-        meta.derived[_KEY] = FoldLink("ragged", tuple(n.tolist()), int(nt._env[0]))
+        meta.derived[_KEY] = FoldLink("ragged", tuple(n.tolist()), int(nt._env[0]), _rest(hs, n, nt))
         hit = (_to(new_ho, nt), _to(new_hs, nt), meta)
         nt._meta.derived[("fold", "ragged")] = hit
     offsets, sizes, meta = hit
@@ -260,7 +291,7 @@ def _fold_static(nt: NestedTensor, op: str) -> NestedTensor:
         row_idx = ho[:-1][sample // h] + within if h else within
         head_idx = sample % h if h else sample
         meta = StructureMeta(new_hs, new_ho)
-        meta.derived[_KEY] = FoldLink("static", (h,) * b, h)
+        meta.derived[_KEY] = FoldLink("static", (h,) * b, h, _rest(hs, torch.full((b,), h), nt))
         hit = (_to(new_ho, nt), _to(new_hs, nt), meta, _to(row_idx, nt), _to(head_idx, nt))
         nt._meta.derived[key] = hit
     offsets, sizes, meta, row_idx, head_idx = hit
@@ -279,7 +310,7 @@ def _to(t: Tensor, like: NestedTensor) -> Tensor:
 
 
 def unfold(nt: NestedTensor, counts: Sequence[int], kind: str, op: str = "unfold",
-           extents: Sequence[Any] = ()) -> NestedTensor:
+           extents: Sequence[Any] = (), link: FoldLink | None = None) -> NestedTensor:
     """The inverse of :func:`fold`: consecutive samples regrouped into ``len(counts)`` samples
     (``counts[b]`` of them each) along a new leading dim, ragged (``kind="ragged"``, rows
     unchanged) or static (``"static"``, every count equal: one gather). ``extents`` may give
@@ -307,7 +338,7 @@ def unfold(nt: NestedTensor, counts: Sequence[int], kind: str, op: str = "unfold
             )
     rows = hs.new_zeros((len(counts), hs.shape[1]))
     for j, e in enumerate(extents[: hs.shape[1]]):  # an empty group's sizes, when a shape names them
-        if isinstance(e, Extent) and e.batch_size == len(counts):
+        if _parents(e, nt, len(counts)):
             rows[:, j] = torch.tensor(e.per_sample(), dtype=torch.int64)
         elif type(e) is int and j not in nt._ragged:
             rows[:, j] = e
@@ -317,6 +348,8 @@ def unfold(nt: NestedTensor, counts: Sequence[int], kind: str, op: str = "unfold
     nonempty = c > 0
     if s:
         rows[nonempty] = hs[starts[nonempty]]
+    if link is not None and not any(_parents(e, nt, len(counts)) for e in extents):
+        link.empty_sizes(nt, rows, nonempty, op)
     new_hs = torch.cat([c[:, None], rows], 1)
     if kind == "ragged":
         new_ho = torch.cat([ho[starts], ho[-1:]]) if len(counts) else ho[-1:]
@@ -332,6 +365,12 @@ def unfold(nt: NestedTensor, counts: Sequence[int], kind: str, op: str = "unfold
     if type(folded) is lineage.Fold and folded.parent is not None and folded.counts == tuple(counts):
         out._lineage = folded.parent  # the very regrouping undone: the parent's samples again
     return out
+
+
+def _parents(e: Any, nt: NestedTensor, b: int) -> bool:
+    """``e`` gives sizes of the ``b`` samples ``nt`` unfolds into: an :class:`Extent` of a batch of
+    ``b`` samples that is not ``nt``'s own (a folded batch may have as many samples as its parent)."""
+    return isinstance(e, Extent) and e.batch_size == b and not (b == nt.batch_size and applies_to(e, nt))
 
 
 def _unfold_static(nt: NestedTensor, new_hs: Tensor, ho: Tensor, h: int, op: str) -> NestedTensor:
@@ -458,7 +497,7 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
         return _unfold_by_extent(nt, raw, op)
     found = [k for k in links(nt) if k.batch_size == lead and k.extent == n]
     if len(found) == 1:
-        return _unfold_target(nt, list(found[0].counts), found[0].kind, raw, op)
+        return _unfold_target(nt, list(found[0].counts), found[0].kind, raw, op, found[0])
     if len(found) > 1:
         raise StructureError(
             f"{op}(): {_fmt(raw)} could unfold this batch of {nt.batch_size} samples in {len(found)} ways (recent "
@@ -485,8 +524,10 @@ def _unfold_by_extent(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTe
             f"{op}(): {_fmt(raw)} regroups this batch of {nt.batch_size} samples into {lead} samples of "
             f"{tuple(counts)} each (sizes read from a shape), which hold {sum(counts)} samples"
         )
-    kinds = {k.kind for k in links(nt) if list(k.counts) == counts}
-    out = _unfold_target(nt, counts, "static" if kinds == {"static"} else "ragged", raw, op)
+    same = [k for k in links(nt) if list(k.counts) == counts]
+    kinds = {k.kind for k in same}
+    out = _unfold_target(nt, counts, "static" if kinds == {"static"} else "ragged", raw, op,
+                         same[0] if len(same) == 1 else None)
     # n must be the parent's, not another batch's whose counts fit by chance (after the checks
     # above, whose messages say what is wrong with the counts themselves)
     check_extent(n, _Parent(lead, nt), op, "shape[1]", rewrite=_PARENT_REWRITE)
@@ -516,9 +557,10 @@ class _Parent:
         self._lineage = own.parent if type(own) is lineage.Fold else own
 
 
-def _unfold_target(nt: NestedTensor, counts: list[int], kind: str, raw: Sequence[Any], op: str) -> NestedTensor:
+def _unfold_target(nt: NestedTensor, counts: list[int], kind: str, raw: Sequence[Any], op: str,
+                   link: FoldLink | None = None) -> NestedTensor:
     inner = _rest_reshape(nt, raw[2:], op)
-    return unfold(inner, counts, kind, op, extents=raw[2:])
+    return unfold(inner, counts, kind, op, extents=raw[2:], link=link)
 
 
 def _envelope_of_one(op: str, raw: Sequence[Any], readings: str) -> str:

@@ -25,15 +25,18 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
     if pairs:
         def fold_rows() -> Step:
             red = c.choice(["softmax", "cumsum", "mean"])
+            how = c.choice(["reshape", "flatten"])  # flatten: unflatten(0, (B, N)) back, no size of j named
 
             def fn(t, o):
                 if not o:  # each row i of the sample is its own sample (j, d)
                     return _row_op(t, red, 1)
                 b, n, m = t.shape[0], t.shape[1], t.shape[2]
+                if how == "flatten":
+                    return _row_op(t.flatten(0, 1), red, 1).unflatten(0, (b, n))
                 zf = t.reshape(b * n, m, e)  # '(b i) j d'
                 return _row_op(zf, red, 1).reshape(b, n, m, e)
 
-            return Step(f"fold rows (b i) j d, {red} over j, unfold", fn, family="layout")
+            return Step(f"fold rows (b i) j d by {how}, {red} over j, unfold", fn, family="layout")
 
         out["layout"].append(fold_rows)
         hs = x.host_sizes()
