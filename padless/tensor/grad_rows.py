@@ -16,7 +16,8 @@ for it are answered on the rows::
 
 Once ``y`` was written in place its rows are no longer remembered (their version moved) and
 every consumer is recorded on ``y`` itself, as for any tensor: the calls above then go to torch
-unchanged. A NestedTensor that is a leaf, or built without history, never takes this path.
+unchanged. A NestedTensor built without history never takes this path; a leaf's gradient is the
+sum of its own and its rows' (:mod:`padless.tensor.leaf_rows`), asked for here together.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import torch
 from torch import Tensor
 
 from padless.tensor import leaf_rows
-from padless.tensor.autograd import _grad_values, kept_rows, nested_from_values, values_of
+from padless.tensor.leaf_rows import as_gradient
+from padless.tensor.autograd import _grad_values, kept_rows, values_of
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import implements, lend
 
@@ -38,17 +40,6 @@ _GRAD = inspect.signature(torch.autograd.grad)
 _BACKWARD = inspect.signature(torch.autograd.backward)
 _TENSOR_BACKWARD = inspect.signature(torch.Tensor.backward)
 _RETAINS = "_padless_retains_grad"  # set on y when its gradient is retained on its rows
-
-
-def _struct(nt: NestedTensor) -> tuple:
-    return nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta
-
-
-def _as_nested(g: Tensor, like: NestedTensor) -> NestedTensor:
-    """The rows' gradient ``g`` as ``like``'s gradient (with its history under ``create_graph``)."""
-    if g.requires_grad and torch.is_grad_enabled():
-        return nested_from_values(g, *_struct(like))
-    return NestedTensor(g, *_struct(like))
 
 
 def _substitute(inputs: Any) -> tuple[list | None, dict[int, NestedTensor], dict[int, int]]:
@@ -118,7 +109,7 @@ def grad_through_rows(func: Callable, args: tuple, kwargs: dict) -> Any:
         grads = list(func(*bound.args, **bound.kwargs))
         for i, nt in swapped.items():
             if grads[i] is not None:
-                grads[i] = _as_nested(grads[i], nt)
+                grads[i] = as_gradient(grads[i], nt)
         return tuple(grads)
     # backward(inputs=...): the rows' .grad is filled, then moved onto the NestedTensor
     rows = {i: inputs[i] for i in swapped}
@@ -159,11 +150,11 @@ def _grad_with_leaves(func: Callable, bound: inspect.BoundArguments, swapped: di
     inputs = args["inputs"]
     for i, nt in swapped.items():
         if grads[i] is not None:
-            grads[i] = _as_nested(grads[i], nt)
+            grads[i] = as_gradient(grads[i], nt)
     for i, j in leaves.items():
         g, r = grads[i], grads[j]
         if r is not None:
-            r = leaf_rows.as_gradient(r, inputs[i])
+            r = as_gradient(r, inputs[i])
             grads[i] = r if g is None else g + r
     out = []
     for i, g in enumerate(grads[:n]):
@@ -186,7 +177,7 @@ def _grad_of(nt: Tensor) -> Tensor | None:
 
 def _accumulate(nt: NestedTensor, g: Tensor) -> None:
     """``nt.grad += g`` (rows ``g``), as torch accumulates into a retained gradient."""
-    new = _as_nested(g, nt)
+    new = as_gradient(g, nt)
     old = _grad_of(nt)
     nt.grad = new if old is None else old + new
 
@@ -271,7 +262,7 @@ def _on_rows(nt: NestedTensor, hook: Callable) -> Callable:
         y = ref()
         if y is None:
             return None
-        out = hook(_as_nested(g, y))
+        out = hook(as_gradient(g, y))
         if out is None:
             return None
         return values_of(out) if isinstance(out, NestedTensor) else _grad_values(out)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from padless.tensor.autograd import nested_from_values
 from padless.tensor.core import NestedTensor
 from padless.tensor.registry import lend
 
@@ -66,10 +67,8 @@ def _get_grad(nt: NestedTensor) -> Tensor | None:
 
 
 def as_gradient(g: Tensor, nt: NestedTensor) -> NestedTensor:
-    """A gradient ``g`` of ``nt``'s rows as a NestedTensor of ``nt``'s structure (its history kept)."""
+    """A gradient ``g`` of ``nt``'s rows as ``nt``'s gradient (with its history under ``create_graph``)."""
     if g.requires_grad and torch.is_grad_enabled():
-        from padless.tensor.autograd import nested_from_values
-
         return nested_from_values(g, nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
     return NestedTensor(g, nt._offsets, nt._sizes, nt._ragged, nt._env, nt._meta)
 
