@@ -19,8 +19,9 @@ into it whenever ``x.grad`` is read, so ``x.grad`` is the sum of both, and ``x.g
 any value) clears what the rows gathered. ``torch.autograd.grad(out, [x])`` and
 ``backward(inputs=[x])`` ask for both (:mod:`padless.tensor.grad_rows`). A hook on ``x`` sends
 later reads back through the recorded view (every gradient then reaches the hook once) and is
-also put on rows read before it was registered. Under ``torch.compile`` and functorch
-transforms the read stays the recorded view.
+also put on rows read before it was registered; a graph built before the hook that read ``x``
+both ways (rare: nearly every handler reads rows) calls it once per way, each with its part.
+Under ``torch.compile`` and functorch transforms the read stays the recorded view.
 """
 
 from __future__ import annotations
