@@ -220,8 +220,8 @@ def profile_chain(n: int = 300) -> None:
 
 def floor_parts(args) -> None:
     """What the chain costs with parts of padless taken away, to see which part the floor is:
-    the leaf's rows read once and the chain run on them (the leaf's view node, its NestedTensor
-    gradient and AccumulateGrad's detach of it), and every op run on the rows and wrapped as a
+    the leaf's rows read once and the chain run on them (the leaf's rows are the autograd leaf,
+    ``padless.tensor.leaf_rows``: its ``.grad`` is folded when read), and every op run on the rows and wrapped as a
     NestedTensor (``rewrap``: the wrapper and its autograd node per op) without any dispatch."""
     import torch.nn.functional as F
 

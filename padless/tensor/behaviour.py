@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from padless.tensor import leaf_rows
 from padless.tensor.convert import getitem, unbind_samples
 from padless.tensor.core import NestedTensor, inner_tensors, wrap_like
 from padless.tensor.errors import StructureError
@@ -178,6 +179,8 @@ def set_data(func, nt: NestedTensor, other) -> None:
         nt.__class__ = NestedTensor
     nt.__dict__.pop("_grad_rows", None)  # rows remembered from the op that built nt (tensor.autograd)
     nt.__dict__.pop("_rows_view", None)  # the view of the old rows (tensor.core.values_of)
+    leaf_rows.fold(nt)  # what the old rows of a leaf gathered stays in nt.grad (tensor.leaf_rows)
+    nt.__dict__.pop(leaf_rows.KEY, None)
     nt.__dict__.pop("_padless_view_of", None)
     nt._values = other._values
 

@@ -66,14 +66,10 @@ _BACKWARD_CALLS = (torch.Tensor.backward, torch.autograd.backward, torch.autogra
 
 
 def _needs_grad(args: tuple, kwargs: dict) -> bool:
-    if not torch.is_grad_enabled():
-        return False
-    for a in args:
-        if isinstance(a, Tensor) and a.requires_grad:
-            return True
-    for a in kwargs.values():
-        if isinstance(a, Tensor) and a.requires_grad:
-            return True
+    if torch.is_grad_enabled():
+        for a in (*args, *kwargs.values()) if kwargs else args:
+            if isinstance(a, Tensor) and a.requires_grad:
+                return True
     return False
 
 
@@ -88,6 +84,7 @@ _per_sample: Callable | None = None  # padless.tensor.fallback.per_sample
 _per_sample_function: Callable | None = None  # padless.tensor.fallback.per_sample_function
 _unbind_samples: Callable | None = None  # padless.tensor.convert.unbind_samples
 _backward_call: Callable | None = None  # padless.tensor.grad_rows.backward_call
+_leaf_rows: Callable | None = None  # padless.tensor.leaf_rows.leaf_rows
 
 
 def _borrow(name: str) -> Callable:
@@ -289,8 +286,8 @@ class NestedTensor(Tensor):
     def values(self) -> Tensor:  # type: ignore[override]
         """Packed buffer ``(T, *static)``, differentiable (gradients reach this NestedTensor).
         Never syncs; no copy (deferred rows, ``ops.pairs.pending``, are computed when read)."""
-        v = values_of(self)
-        return v.view(v.shape) if getattr(type(v), "padless_deferred", False) else v
+        v = values_of(self)  # a leaf's rows (tensor.leaf_rows) are handed out as a view of them
+        return v.view(v.shape) if getattr(type(v), "padless_deferred", False) or (v.is_leaf and v.requires_grad) else v
 
     def offsets(self) -> Tensor:
         """Row offsets into ``values``, int64 ``(B+1,)`` on the values' device. Never syncs.
@@ -526,6 +523,8 @@ def values_of(nt: NestedTensor) -> Tensor:
             return hit[0]  # (tensor.autograd._with_history)
         if torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active():
             return _ValuesView.apply(nt)
+        if nt.is_leaf and not nt._backward_hooks:  # its rows are the autograd leaf (tensor.leaf_rows)
+            return (_leaf_rows or _borrow("leaf_rows"))(nt)
         seen = d.get("_rows_view")  # (weak view, the values it views, their version)
         if seen is not None and seen[1] is nt._values and seen[2] == nt._values._version:
             view = seen[0]()

@@ -83,6 +83,9 @@ class DenseView(Tensor):
         kwargs = kwargs or {}
         if func in _GRAD_CALLS and any(issubclass(t, NestedTensor) for t in types):
             return NotImplemented  # NestedTensor answers gradients of its intermediates (tensor.grad_rows)
+        if func is Tensor.backward and args and type(args[0]) is DenseView:
+            # as the plain tensor it reads as: torch.autograd.backward then sees NestedTensor inputs
+            return args[0].as_subclass(Tensor).backward(*args[1:], **kwargs)
         if args and type(args[0]) is DenseView and _may_write(func, args, kwargs):
             return write_through(args[0], func, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():

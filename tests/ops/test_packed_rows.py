@@ -183,3 +183,25 @@ def test_rows_of_a_transposed_batch_without_elements():
     assert isinstance(rows, PackedRows) and rows.shape == (0, 3)
     y = F.linear(rows, torch.randn(2, 3, dtype=torch.float64)).view(t.size()[:-1] + (2,))
     assert isinstance(y, padless.NestedTensor) and y.unbind()[0].shape == (0, 5, 2)
+
+
+@pytest.mark.parametrize("shapes", [SEQ, [(4, 8)]])
+def test_backward_of_rows_with_nested_inputs(shapes):
+    """``rows.backward(cot, inputs=[x, h])`` on packed rows reaches the NestedTensors among
+    ``inputs`` (it ran below them and left ``h.grad`` and a leaf's rows' gradient empty)."""
+    x, dense = _leaves(shapes)
+    torch.manual_seed(1)
+    lin = torch.nn.Linear(8, 8).double()
+    h = lin(x)
+    rows = h.reshape(-1, 8) * 2
+    assert isinstance(rows, PackedRows)
+    cot = torch.randn(rows.shape, dtype=torch.float64)
+    rows.backward(cot, inputs=[x, h])
+    start = 0
+    for i, d in enumerate(dense):
+        hd = lin(d)
+        n = d.shape[0]
+        want_x, want_h = torch.autograd.grad(hd * 2, [d, hd], cot[start:start + n])
+        start += n
+        torch.testing.assert_close(x.grad.unbind()[i], want_x)
+        torch.testing.assert_close(h.grad.unbind()[i], want_h)

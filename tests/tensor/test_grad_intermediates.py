@@ -263,3 +263,23 @@ def test_gradient_of_an_intermediate_read_through_a_position():
         want_x, want_h = torch.autograd.grad(hi[-1], [xi, hi], cot[i])
         torch.testing.assert_close(gh.unbind()[i], want_h)
         torch.testing.assert_close(gx.unbind()[i], want_x)
+
+
+@pytest.mark.parametrize("lengths", [[1, 5], [3]])
+def test_backward_inputs_through_a_position(lengths):
+    """``y[:, -1].backward(cot, inputs=[x, h])``: the dense view's ``Tensor.backward`` reaches the
+    NestedTensors among ``inputs`` (it ran below them and left ``h.grad`` empty; found by the
+    fuzzer once its gradients were also accumulated)."""
+    torch.manual_seed(0)
+    xs = [torch.randn(n, 2, dtype=torch.float64) for n in lengths]
+    lin = torch.nn.Linear(2, 3).double()
+    x = padless.from_list(xs, requires_grad=True)
+    h = lin(x.tanh())
+    cot = torch.randn(len(xs), 3, dtype=torch.float64)
+    h[:, -1].backward(cot, inputs=[x, h])
+    for i, xi in enumerate(xs):
+        xi = xi.clone().requires_grad_()
+        hi = lin(xi.tanh())
+        want_x, want_h = torch.autograd.grad(hi[-1], [xi, hi], cot[i])
+        torch.testing.assert_close(h.grad.unbind()[i], want_h)
+        torch.testing.assert_close(x.grad.unbind()[i], want_x)

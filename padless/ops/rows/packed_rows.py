@@ -73,6 +73,9 @@ class PackedRows(Tensor):
         kwargs = kwargs or {}
         if any(issubclass(t, NestedTensor) for t in types):
             return NotImplemented  # with a NestedTensor operand: its handlers read this as dense
+        if func is Tensor.backward and args and type(args[0]) is cls:
+            # as the plain tensor it reads as: torch.autograd.backward then sees NestedTensor inputs
+            return args[0].as_subclass(Tensor).backward(*args[1:], **kwargs)
         owner = _owner(args, kwargs)
         origin = None if owner is None else owner.__dict__.get("_origin")
         if func is Tensor.__setitem__:
