@@ -156,23 +156,27 @@ def _terms_pieces(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Ten
         tsum = tsum.expand(p1.out_rows, *p1.out_static)
         if tsum.shape[1:] != () and not tsum.is_contiguous():
             tsum = tsum.contiguous()
+        if p1.flat[-1]:  # permuted views of the rows read: laid out by the copy that adds the spreads
+            return _add_spreads(sp, _read_scores(p1, tsum, neg, False), terms, False, copy=True)
         pieces, own = _read_scores(p1, tsum, neg), True
     return _add_spreads(sp, pieces, terms, own)
 
 
-def _read_scores(plan: _Plan, x: Tensor, fill: float) -> list[Tensor]:
+def _read_scores(plan: _Plan, x: Tensor, fill: float, lay_out: bool = True) -> list[Tensor]:
     """Rows of the scores' size (a term, the softmax's input) read into the buckets, one new
     contiguous buffer per bucket in sample order, ``fill`` at padded places. Read by rows
     (:func:`padless.ops.pairs.bucket_nodes.result_rows`: a pair bias ``(N_i, N_i, H)`` moves
     ``H`` features per index, its maps are ``H`` times shorter than the element maps a new
-    batch would otherwise build), then laid out in sample order by one copy per bucket."""
+    batch would otherwise build), then laid out in sample order by one copy per bucket (not
+    ``lay_out``: permuted views, for the caller's own copy)."""
     if not plan.flat[-1]:
         return _pieces(plan, read_rows(x, plan.packs[0], fill))
     buf = read_rows(x, result_rows(plan)[0], fill)
     shapes, perm = result_row_shapes(plan)
     per = math.prod(plan.out_static)
     parts = buf.split([math.prod(shape) // per for shape in shapes])
-    return [p.view(shape).permute(perm).contiguous() for p, shape in zip(parts, shapes)]
+    views = [p.view(shape).permute(perm) for p, shape in zip(parts, shapes)]
+    return [v.contiguous() for v in views] if lay_out else views
 
 
 def _scores_rows(plan: _Plan, parts: Sequence[Tensor]) -> Tensor:
@@ -191,10 +195,12 @@ def _scores_rows(plan: _Plan, parts: Sequence[Tensor]) -> Tensor:
     return read_rows(buf, result_rows(plan)[1], 0.0)
 
 
-def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: bool) -> tuple[list[Tensor], bool]:
+def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: bool,
+                 copy: bool = False) -> tuple[list[Tensor], bool]:
     """``pieces`` plus every broadcast term, each read once into the buckets at its own size and
     added by broadcasting, into new full-size buffers unless ``own`` (``pieces`` are then written
-    in place). Differentiable and out of place when a gradient is recorded (double backward)."""
+    in place). Differentiable and out of place when a gradient is recorded (double backward).
+    ``copy``: ``pieces`` are full-size views to copy into new buffers (the copy adds the spreads)."""
     adds: list[Tensor] | None = None
     for coef, t, m in zip(sp.coefs, terms, sp.spreads):
         if m is None:
@@ -202,9 +208,9 @@ def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: b
         parts = spread.read(m, t if coef == 1.0 else t * coef)
         adds = parts if adds is None else [a + p for a, p in zip(adds, parts)]
     if adds is None:
-        return pieces, own
+        return ([p.contiguous() for p in pieces], True) if copy else (pieces, own)
     if torch.is_grad_enabled():  # double backward
-        return [p + a for p, a in zip(pieces, adds)], False
+        return [p + a for p, a in zip(pieces, adds)], copy
     if own:
         return [p.add_(a) for p, a in zip(pieces, adds)], True
     out = []

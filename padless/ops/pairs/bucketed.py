@@ -322,8 +322,12 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
             return None, start, flat
         key = ("bucket_maps", dev, tuple(ragged), dims, hs[:, list(ragged)].numpy().tobytes(), b, groups_key,
                tuple(map(tuple, ext)), tuple(sorted(static.items())) if flat else ())
-        maps = content.get_or_build(key, lambda: padding_maps(
-            _buffer_index(hs.tolist(), ragged, dims, where, ext, start, static), start[-1], dev))
+        maps = content.get(key)
+        if maps is None:
+            maps = padding_maps(_buffer_index(hs.tolist(), ragged, dims, where, ext, start, static), start[-1], dev)
+            # the entry's bytes counted here (walking the key's tuples cost more than the maps' build)
+            tensors = [t for m in maps for t in m if t is not None]
+            content.put(key, maps, sum(t.numel() * t.element_size() + 128 for t in tensors) + len(key[4]) + PLAN_PYTHON_BYTES)
         return maps, start, flat
 
     groups_key = tuple(tuple(ids) for ids in groups)
