@@ -309,9 +309,8 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     def index(hs, ragged, s, static, need: bool = True, width: int = 1):
         """The operand's (or the result's) maps into its buffer (None unless ``need``), the
         buffer's start of every bucket and its end, and whether it maps elements. Maps of one
-        layout (``q``, ``k``, ``v`` and ``softmax(q @ k^T) @ v``'s result are all rows of the same
-        sequences in the same slots) are built once: cached by content, keyed by what they
-        depend on (the ragged extents, the buckets and their extents)."""
+        layout (``q``, ``k``, ``v``, ``softmax(q @ k^T) @ v``: rows of the same sequences in the
+        same slots) are built once, cached by content on what they depend on."""
         flat = _element_maps(len(s), ragged, width)  # buffer in sample dim order: maps over elements
         dims = tuple(range(len(s))) if flat else tuple(ragged)
         ext = [[env[s[d]][k] if d in ragged else static[d] for d in dims] for k in range(nbk)]
@@ -325,9 +324,8 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
         maps = content.get(key)
         if maps is None:
             maps = padding_maps(_buffer_index(hs.tolist(), ragged, dims, where, ext, start, static), start[-1], dev)
-            # the entry's bytes counted here (walking the key's tuples cost more than the maps' build)
-            tensors = [t for m in maps for t in m if t is not None]
-            content.put(key, maps, sum(t.numel() * t.element_size() + 128 for t in tensors) + len(key[4]) + PLAN_PYTHON_BYTES)
+            held = sum(t.numel() * t.element_size() + 128 for m in maps for t in m if t is not None)
+            content.put(key, maps, held + len(key[4]) + PLAN_PYTHON_BYTES)  # counted, not walked
         return maps, start, flat
 
     groups_key = tuple(tuple(ids) for ids in groups)
@@ -348,9 +346,7 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     # the result's maps: built when first read (fused attention reads its scores in its buckets)
     elements = int(out_ho[-1]) * (math.prod(out_args[3].values()) if out_flat else 1)
     packs = LazyMaps(lambda: index(*out_args)[0], _maps_bytes(elements, out_start[-1]))
-    # a result read through element maps also has row maps (a row of static features per index:
-    # how the fused attention reads a pair bias onto its scores, bucket_nodes.result_rows)
-    rows = None
+    rows = None  # element maps' row twins (bucket_nodes.result_rows: a pair bias read onto the scores)
     if out_flat:
         row_end = index(*out_args, need=False, width=ROW_MAP_WIDTH)[1][-1]
         rows = LazyMaps(lambda: index(*out_args, width=ROW_MAP_WIDTH)[0], _maps_bytes(int(out_ho[-1]), row_end))
