@@ -94,7 +94,9 @@ def test_recipe_records_the_attention_plans():
     assert [(s.ins, s.out) for s in recipe.steps] == [(("ihd", "jhd"), "hij"), (("hij", "jhd"), "ihd")]
     first, second = recipe.steps
     assert second.on == 0 and second.unread == 0 and second.operands[0].pending
-    assert first.result_maps  # the bias is read onto the scores' rows in the buckets
+    # the bias is read onto the scores in the buckets by rows (row maps, H times shorter than the
+    # scores' element maps, which the step never builds)
+    assert first.result_rows and not first.result_maps
     assert recipe.skipped == 0 and "2 plans" in repr(recipe)
 
 

@@ -219,3 +219,64 @@ def test_bf16_autocast_per_sample():
     for got, r in zip(out.unbind(), refs):
         assert got.dtype == r.dtype
         torch.testing.assert_close(got.float(), r.float().detach(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("ns", [NS, [4], [0, 0, 2]], ids=["ragged", "one_sample", "empties"])
+def test_pair_bias_read_by_rows(ns, monkeypatch):
+    """boltz's bias (a linear of the pair state to the heads, ``(N_i, N_i, H)`` rows, read as
+    ``(H, N_i, N_i)``) enters the fused node by rows: the scores' element maps (``H`` times longer)
+    are never built, the row maps are; values and the gradients of q, k, v, z and the linear's
+    weight match each sample alone."""
+    plans = []
+    real = attend.Attention.forward
+
+    def spy(ctx, spec, *args):
+        plans.append(spec.p1)
+        return real(ctx, spec, *args)
+
+    monkeypatch.setattr(attend.Attention, "forward", staticmethod(spy))
+    q = leaves([(n, 3, 2) for n in ns], seed=11)
+    k = leaves([(n, 3, 2) for n in ns], seed=12)
+    v = leaves([(n, 3, 2) for n in ns], seed=13)
+    z = leaves([(n, n, 4) for n in ns], seed=14, ragged=(0, 1))
+    w = torch.randn(3, 4, generator=torch.Generator().manual_seed(15)).requires_grad_()
+    mask = padless.from_list([torch.ones(n) for n in ns])
+
+    def fn(q, k, v, z):
+        return _pair_bias(q, k, v, torch.nn.functional.linear(z, w), mask)
+
+    def ref(q, k, v, z):
+        return _pair_bias_ref(q, k, v, torch.nn.functional.linear(z, w), torch.ones(q.shape[0]))
+
+    out = fn(*[nt for nt, _ in (q, k, v, z)])
+    out.values().pow(2).sum().backward()
+    gw = w.grad.clone()
+    w.grad = None
+    for i in range(len(ns)):
+        ref(*[d[i] for _, d in (q, k, v, z)]).pow(2).sum().backward()
+    torch.testing.assert_close(gw, w.grad, atol=1e-5, rtol=1e-5)
+    for t in (q, k, v, z):
+        t[0].grad = None
+        for d in t[1]:
+            d.grad = None
+    check_samples(fn, ref, [q, k, v, z])
+    assert plans and all(p.rows is not None for p in plans)
+    assert all(p.rows._maps is not None and p.packs._maps is None for p in plans)
+
+
+def test_pair_bias_by_rows_gradients_twice():
+    """The fused node with a full-size bias read by rows, differentiated twice (float64)."""
+    ns = (2, 0, 3, 1)
+    g = torch.Generator().manual_seed(3)
+    qv, kv, vv = (padless.from_list([torch.randn(n, 2, 2, dtype=torch.float64, generator=g) for n in ns])
+                  for _ in range(3))
+    z = padless.from_list([torch.randn(n, n, 2, dtype=torch.float64, generator=g) for n in ns], ragged_dims=(0, 1))
+    leaves_ = [t.values().clone().requires_grad_() for t in (qv, kv, vv, z)]
+
+    def fn(q, k, v, b):
+        qs, ks, vs, zs = (nested_from_values(x, t._offsets, t._sizes, t._ragged, t._env, t._meta)
+                          for x, t in zip((q, k, v, b), (qv, kv, vv, z)))
+        return _pair_bias(qs, ks, vs, zs).values()
+
+    torch.autograd.gradcheck(fn, leaves_)
+    torch.autograd.gradgradcheck(fn, leaves_)

@@ -311,22 +311,41 @@ def size_buckets(ext: Tensor, weight: Tensor | None = None, cost: Callable[[Sequ
     ue = [[max(rows[i][j] for i in u) for j in range(ext.shape[1])] for u in units]
     uw = [sum(w[i] for i in u) for u in units]
     n = len(units)
-    span = {}
+    pre = [0]
+    for x in uw:
+        pre.append(pre[-1] + x)
+    # span[lo][hi]: one bucket of units lo..hi-1 (plain lists: this runs for every new batch)
+    span = [[0.0] * (n + 1) for _ in range(n)]
     for lo in range(n):
         env = ue[lo]
+        row = span[lo]
         for hi in range(lo + 1, n + 1):
             env = [max(x, y) for x, y in zip(env, ue[hi - 1])]
-            span[(lo, hi)] = float(sum(uw[lo:hi])) * cost(env) + overhead
-    best: dict[tuple[int, int], tuple[float, list[int]]] = {(0, 0): (0.0, [])}
-    choice = None
+            row[hi] = float(pre[hi] - pre[lo]) * cost(env) + overhead
+    # prev[hi]: the cheapest split of units 0..hi-1 into k - 1 buckets; back[k][hi] its last cut
+    inf = float("inf")
+    prev = [0.0] + [inf] * n
+    back: list[list[int]] = [[]]
+    choice, choice_k = inf, 0
     for k in range(1, min(max_buckets, n) + 1):
+        cur = [inf] * (n + 1)
+        cut = [0] * (n + 1)
         for hi in range(k, n + 1):
-            best[(k, hi)] = min(((best[(k - 1, lo)][0] + span[(lo, hi)], best[(k - 1, lo)][1] + [hi])
-                                 for lo in range(k - 1, hi) if (k - 1, lo) in best), key=lambda c: c[0])
-        if choice is None or best[(k, n)][0] < choice[0]:
-            choice = best[(k, n)]
-    bounds = [0] + choice[1]
-    return [[i for u in units[bounds[j]:bounds[j + 1]] for i in u] for j in range(len(choice[1]))]
+            best, at = inf, 0
+            for lo in range(k - 1, hi):
+                c = prev[lo] + span[lo][hi]
+                if c < best:
+                    best, at = c, lo
+            cur[hi], cut[hi] = best, at
+        back.append(cut)
+        if cur[n] < choice:
+            choice, choice_k = cur[n], k
+        prev = cur
+    bounds = [n]
+    for k in range(choice_k, 0, -1):
+        bounds.append(back[k][bounds[-1]])
+    bounds.reverse()
+    return [[i for u in units[bounds[j]:bounds[j + 1]] for i in u] for j in range(choice_k)]
 
 
 class RowMap(NamedTuple):

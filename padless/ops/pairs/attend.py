@@ -44,6 +44,8 @@ from padless.ops.pairs.bucket_nodes import (
     _Plan,
     gather_back,
     gemm_ready,
+    result_row_shapes,
+    result_rows,
 )
 from padless.tensor import layout
 
@@ -141,7 +143,7 @@ def _terms_pieces(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Ten
     p1 = sp.p1
     neg = torch.finfo(like.dtype).min
     if x is not None:
-        return _pieces(p1, read_rows(_flatten(x, p1.flat[-1]), p1.packs[0], neg)), True
+        return _read_scores(p1, x, neg), True
     tsum = None
     for coef, t, m in zip(sp.coefs, terms, sp.spreads):
         if t.dim() == 0 or m is not None:  # a constant: the softmax does not see it; spreads: below
@@ -154,14 +156,51 @@ def _terms_pieces(sp: Spec, x: Tensor | None, terms: Sequence[Tensor], like: Ten
         tsum = tsum.expand(p1.out_rows, *p1.out_static)
         if tsum.shape[1:] != () and not tsum.is_contiguous():
             tsum = tsum.contiguous()
-        pieces, own = _pieces(p1, read_rows(_flatten(tsum, p1.flat[-1]), p1.packs[0], neg)), True
+        if p1.flat[-1]:  # permuted views of the rows read: laid out by the copy that adds the spreads
+            return _add_spreads(sp, _read_scores(p1, tsum, neg, False), terms, False, copy=True)
+        pieces, own = _read_scores(p1, tsum, neg), True
     return _add_spreads(sp, pieces, terms, own)
 
 
-def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: bool) -> tuple[list[Tensor], bool]:
+def _read_scores(plan: _Plan, x: Tensor, fill: float, lay_out: bool = True) -> list[Tensor]:
+    """Rows of the scores' size (a term, the softmax's input) read into the buckets, one new
+    contiguous buffer per bucket in sample order, ``fill`` at padded places. Read by rows
+    (:func:`padless.ops.pairs.bucket_nodes.result_rows`: a pair bias ``(N_i, N_i, H)`` moves
+    ``H`` features per index, its maps are ``H`` times shorter than the element maps a new
+    batch would otherwise build), then laid out in sample order by one copy per bucket (not
+    ``lay_out``: permuted views, for the caller's own copy)."""
+    if not plan.flat[-1]:
+        return _pieces(plan, read_rows(x, plan.packs[0], fill))
+    buf = read_rows(x, result_rows(plan)[0], fill)
+    shapes, perm = result_row_shapes(plan)
+    per = math.prod(plan.out_static)
+    parts = buf.split([math.prod(shape) // per for shape in shapes])
+    views = [p.view(shape).permute(perm) for p, shape in zip(parts, shapes)]
+    return [v.contiguous() for v in views] if lay_out else views
+
+
+def _scores_rows(plan: _Plan, parts: Sequence[Tensor]) -> Tensor:
+    """The scores' rows (``(T, *static)``) from per-bucket dense pieces in sample order (the
+    inverse of :func:`_read_scores`: by rows where the scores' maps are element maps)."""
+    if not plan.flat[-1]:
+        return _to_rows(plan, parts)
+    shapes, perm = result_row_shapes(plan)
+    inv = layout.inverse_order(perm)
+    parts = [p.view(shape).permute(inv) for p, shape in zip(parts, ([s[i] for i in perm] for s in shapes))]
+    if torch.is_grad_enabled():
+        parts = [p.reshape(-1, *plan.out_static) for p in parts]
+        buf = torch.cat(parts) if len(parts) > 1 else parts[0]
+    else:
+        buf = _join(parts, plan.out_static)
+    return read_rows(buf, result_rows(plan)[1], 0.0)
+
+
+def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: bool,
+                 copy: bool = False) -> tuple[list[Tensor], bool]:
     """``pieces`` plus every broadcast term, each read once into the buckets at its own size and
     added by broadcasting, into new full-size buffers unless ``own`` (``pieces`` are then written
-    in place). Differentiable and out of place when a gradient is recorded (double backward)."""
+    in place). Differentiable and out of place when a gradient is recorded (double backward).
+    ``copy``: ``pieces`` are full-size views to copy into new buffers (the copy adds the spreads)."""
     adds: list[Tensor] | None = None
     for coef, t, m in zip(sp.coefs, terms, sp.spreads):
         if m is None:
@@ -169,9 +208,9 @@ def _add_spreads(sp: Spec, pieces: list[Tensor], terms: Sequence[Tensor], own: b
         parts = spread.read(m, t if coef == 1.0 else t * coef)
         adds = parts if adds is None else [a + p for a, p in zip(adds, parts)]
     if adds is None:
-        return pieces, own
+        return ([p.contiguous() for p in pieces], True) if copy else (pieces, own)
     if torch.is_grad_enabled():  # double backward
-        return [p + a for p, a in zip(pieces, adds)], False
+        return [p + a for p, a in zip(pieces, adds)], copy
     if own:
         return [p.add_(a) for p, a in zip(pieces, adds)], True
     out = []
@@ -237,7 +276,7 @@ def _backward_generic(ctx, sp: Spec, a, b, v, x, terms, g, need):
                     grads[q].append(gq.permute(layout.inverse_order(perm)) if perm is not None else gq)
         da = gather_back(p1, 0, grads[0], a) if grads[0] else None
         db = gather_back(p1, 1, grads[1], b) if grads[1] else None
-    rows = _to_rows(p1, dx_parts) if _need_rows(sp, need) else None
+    rows = _scores_rows(p1, dx_parts) if _need_rows(sp, need) else None
     return da, db, dv, rows, dx_parts
 
 
@@ -372,7 +411,7 @@ def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
             gb = torch.bmm(a3.transpose(1, 2), d3)
             db.append((gb.mul_(sp.alpha) if sp.alpha != 1.0 else gb).view(formed).permute(back))
     dx = [d.view(s) for d, s in zip(dx, f.dt)]
-    rows = _to_rows(p1, dx, perm=False) if _need_rows(sp, need) else None
+    rows = _scores_rows(p1, dx) if _need_rows(sp, need) else None
     return (gather_back(p1, 0, da, a) if da else None, gather_back(p1, 1, db, b) if db else None,
             gather_back(p2, 1, dv, v) if dv else None, rows, dx)
 

@@ -17,7 +17,7 @@ import dataclasses
 import functools
 import itertools
 import math
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 from torch import Tensor
@@ -51,6 +51,7 @@ class _Plan:
     out_rows: int = 0  # rows of the result
     softmax_letters: tuple[str, ...] = ()  # per operand: its last ragged letter (storage order), or ""
     groups: tuple = ()  # per bucket: its samples, in slot order
+    rows: Any = None  # the result's row maps when ``packs`` maps elements (:func:`result_rows`), lazy
     cache: dict = dataclasses.field(default_factory=dict, compare=False, hash=False)  # derived buffers and plans
 
 
@@ -67,6 +68,29 @@ def _dense(plan: _Plan, bufs: Sequence[Tensor]) -> list[list[Tensor]]:
             dense.append(x.permute(perm) if perm is not None else x)
         out.append(dense)
     return out
+
+
+def result_rows(plan: _Plan) -> tuple[RowMap, RowMap]:
+    """The result's rows <-> its buckets laid out by rows: ``(to_padded, to_packed)``.
+
+    A result read through element maps (attention scores ``(H, N_i, N_i)`` stored as rows
+    ``(i, j)`` of ``H`` features) also has row maps: every row ``(i, j)`` to its place in
+    buffers holding, per bucket, its slots one after the other, each ``(L_b, L_b)`` rows of
+    ``H`` features (the storage order, padded; :func:`result_row_shapes`). They are ``H`` times
+    shorter than the element maps, so a new batch builds them ``H`` times faster, and a
+    full-size term (a pair bias) is read onto the scores by rows, then laid out in sample order
+    by one copy per bucket (:mod:`padless.ops.pairs.attend`). A result read by rows: its maps."""
+    maps = plan.packs if plan.rows is None else plan.rows
+    return maps[0], maps[1]
+
+
+def result_row_shapes(plan: _Plan) -> tuple[list[list[int]], list[int]]:
+    """Per bucket the shape of its rows in :func:`result_rows`'s buffer (storage order), and the
+    permutation from that order to sample order."""
+    out = plan.equation.split("->")[1][1:]
+    order = layout.storage_order(len(out), plan.out_ragged)
+    shapes = [[nb, *[ext[out[d]] for d in order]] for nb, ext in plan.buckets]
+    return shapes, [0, *[1 + d for d in layout.inverse_order(order)]]
 
 
 @functools.lru_cache(maxsize=256)

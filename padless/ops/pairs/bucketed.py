@@ -307,23 +307,33 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     dev = operands[0]._values.device
 
     def index(hs, ragged, s, static, need: bool = True, width: int = 1):
-        """The operand's (or the result's) map into its buffer (None unless ``need``), the
-        buffer's start of every bucket and its end, and whether it maps elements."""
+        """The operand's (or the result's) maps into its buffer (None unless ``need``), the
+        buffer's start of every bucket and its end, and whether it maps elements. Maps of one
+        layout (``q``, ``k``, ``v``, ``softmax(q @ k^T) @ v``: rows of the same sequences in the
+        same slots) are built once, cached by content on what they depend on."""
         flat = _element_maps(len(s), ragged, width)  # buffer in sample dim order: maps over elements
-        dims = range(len(s)) if flat else ragged
+        dims = tuple(range(len(s))) if flat else tuple(ragged)
         ext = [[env[s[d]][k] if d in ragged else static[d] for d in dims] for k in range(nbk)]
         start = [0]
         for k in range(nbk):
             start.append(start[-1] + counts[k] * math.prod(ext[k]))
-        idx = _buffer_index(hs.tolist(), ragged, dims, where, ext, start, static) if need else None
-        return idx, start, flat
+        if not need:
+            return None, start, flat
+        key = ("bucket_maps", dev, tuple(ragged), dims, hs[:, list(ragged)].numpy().tobytes(), b, groups_key,
+               tuple(map(tuple, ext)), tuple(sorted(static.items())) if flat else ())
+        maps = content.get(key)
+        if maps is None:
+            maps = padding_maps(_buffer_index(hs.tolist(), ragged, dims, where, ext, start, static), start[-1], dev)
+            held = sum(t.numel() * t.element_size() + 128 for m in maps for t in m if t is not None)
+            content.put(key, maps, held + len(key[4]) + PLAN_PYTHON_BYTES)  # counted, not walked
+        return maps, start, flat
 
+    groups_key = tuple(tuple(ids) for ids in groups)
     pads, starts, flat = [], [], []
     for j, (s, o) in enumerate(zip(ins, operands)):
         static = {d: int(o._env[d]) for d in range(len(s)) if d not in o._ragged}
-        need = j != unread
-        idx, start, fl = index(o.host_sizes(), o._ragged, s, static, need, math.prod(static.values()))
-        pads.append(padding_maps(idx, start[-1], dev) if need else None)
+        maps, start, fl = index(o.host_sizes(), o._ragged, s, static, j != unread, math.prod(static.values()))
+        pads.append(maps)
         starts.append(start)
         flat.append(fl)
     out_ragged = tuple(d for d, c in enumerate(out) if c in ragged_ext)
@@ -335,7 +345,11 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     flat.append(out_flat)
     # the result's maps: built when first read (fused attention reads its scores in its buckets)
     elements = int(out_ho[-1]) * (math.prod(out_args[3].values()) if out_flat else 1)
-    packs = LazyMaps(lambda: padding_maps(index(*out_args)[0], out_start[-1], dev), _maps_bytes(elements, out_start[-1]))
+    packs = LazyMaps(lambda: index(*out_args)[0], _maps_bytes(elements, out_start[-1]))
+    rows = None  # element maps' row twins (bucket_nodes.result_rows: a pair bias read onto the scores)
+    if out_flat:
+        row_end = index(*out_args, need=False, width=ROW_MAP_WIDTH)[1][-1]
+        rows = LazyMaps(lambda: index(*out_args, width=ROW_MAP_WIDTH)[0], _maps_bytes(int(out_ho[-1]), row_end))
     out_static = tuple(static_ext[c] for d, c in enumerate(out) if d not in out_ragged)
     env_out = envelope_from_sizes(out_hs, out_ragged, out_static)
     on_cpu = dev.type == "cpu"
@@ -352,7 +366,7 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
                  _grad_equations(ins, out, operands), out_ragged,
                  out_static, structure, int(out_ho[-1]),
                  tuple(s[o._ragged[-1]] if o._ragged else "" for s, o in zip(ins, operands)),
-                 tuple(tuple(ids) for ids in groups))
+                 tuple(tuple(ids) for ids in groups), rows)
 
 
 def _grad_equations(ins: Sequence[str], out: str, operands: Sequence[NestedTensor]) -> list[str] | None:
@@ -509,10 +523,11 @@ def _entry_bytes(ckey: tuple, plan: _Plan | None) -> int:
     if plan is None:
         return total
     tensors = [t for maps in plan.pads if maps is not None for m in maps for t in m if t is not None]
-    if isinstance(plan.packs, LazyMaps):
-        total += plan.packs.nbytes
-    else:
-        tensors += [t for m in plan.packs for t in m if t is not None]
+    for maps in (plan.packs, plan.rows):
+        if isinstance(maps, LazyMaps):
+            total += maps.nbytes
+        elif maps is not None:
+            tensors += [t for m in maps for t in m if t is not None]
     offsets, sizes, _, meta = plan.structure
     host = (meta.host_sizes, meta.host_offsets) if isinstance(meta, StructureMeta) else meta
     # each tensor's own elements: a carried plan's maps are views of one buffer per batch

@@ -56,7 +56,9 @@ class Operand:
 class Step:
     """One plan: the contraction's letters, its operands, dtype, the device type whose prices
     chose it, the step whose buckets it reuses (``on``, a fused attention's second contraction)
-    with its unread operand, and whether the step read the plan's result maps (then built too)."""
+    with its unread operand, and whether the step read the plan's result maps, and its result's
+    row maps (:func:`padless.ops.pairs.bucket_nodes.result_rows`: a pair bias read onto the
+    scores), each then built too."""
 
     ins: tuple[str, ...]
     out: str
@@ -66,6 +68,7 @@ class Step:
     on: int | None = None
     unread: int | None = None
     result_maps: bool = False
+    result_rows: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +134,17 @@ def record(run: Callable[[], Any], lengths: Tensor) -> PairPlanRecipe:
             skipped += 1
             continue
         v = operands[0]._values
-        read = plan is not None and (not isinstance(plan.packs, bucketed.LazyMaps) or plan.packs._maps is not None)
-        steps.append(Step(tuple(ins), out, tuple(ops), v.dtype, v.device.type, src, None if on is None else on[1], read))
+        read = plan is not None and _built(plan.packs)
+        rows = plan is not None and plan.rows is not None and _built(plan.rows)
+        steps.append(Step(tuple(ins), out, tuple(ops), v.dtype, v.device.type, src, None if on is None else on[1], read,
+                          rows))
         groups.append(None if plan is None else plan.groups)
     return PairPlanRecipe(tuple(steps), skipped)
+
+
+def _built(maps: Any) -> bool:
+    """Whether a plan's lazy maps were built (carried maps are)."""
+    return not isinstance(maps, bucketed.LazyMaps) or maps._maps is not None
 
 
 # ------------------------------------------------------------------ replay
@@ -177,6 +187,8 @@ def replay(recipe: PairPlanRecipe, lengths: Tensor) -> list[tuple[tuple, _Plan |
         plan = bucketed._build(list(st.ins), st.out, ops, forced, st.unread, torch.device(st.device_type), pend)
         if plan is not None and st.result_maps:
             plan.packs[0]  # built here, not on the batch's first step
+        if plan is not None and st.result_rows and plan.rows is not None:
+            plan.rows[0]
         keys = tuple(content.structure_key(o) for o in ops)
         out.append(((st.ins, st.out, st.dtype, keys, tuple(pend), forced, st.unread), plan))
     return out
@@ -206,14 +218,16 @@ def export(plan: _Plan | None) -> tuple[list[Tensor | None], list[Tensor], dict 
     dev: list[Tensor | None] = []
     for p in plan.pads:
         dev += _maps_tensors(p)
-    built = not isinstance(plan.packs, bucketed.LazyMaps) or plan.packs._maps is not None
+    built = _built(plan.packs)
     dev += _maps_tensors((plan.packs[0], plan.packs[1]) if built else None)
     offsets, sizes, env, meta = plan.structure
     dev += [offsets, sizes]
+    rows = plan.rows is not None and _built(plan.rows)
+    dev += _maps_tensors((plan.rows[0], plan.rows[1]) if rows else None)
     host = [meta.host_sizes, meta.host_offsets] if isinstance(meta, StructureMeta) else list(meta)
     fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(plan)
-              if f.name not in ("pads", "packs", "structure", "cache")}
-    return dev, host, {"fields": fields, "env": list(env), "operands": len(plan.pads), "packs": built}
+              if f.name not in ("pads", "packs", "structure", "cache", "rows")}
+    return dev, host, {"fields": fields, "env": list(env), "operands": len(plan.pads), "packs": built, "rows": rows}
 
 
 def install(recipe: PairPlanRecipe, lengths: Tensor, entries: Sequence[tuple[tuple, list, list, dict | None]],
@@ -238,7 +252,13 @@ def install(recipe: PairPlanRecipe, lengths: Tensor, entries: Sequence[tuple[tup
             packs = _maps_from(dev[3 * n:3 * n + 3]) if table["packs"] else bucketed.LazyMaps(
                 _rebuild_packs(recipe, plans, len(plans), lengths, device), _result_bytes(table["fields"]))
             structure = (dev[3 * n + 3], dev[3 * n + 4], table["env"], tuple(host))
-            plan = _Plan(pads=pads, packs=packs, structure=structure, **table["fields"])
+            rows = None
+            if table["rows"]:
+                rows = _maps_from(dev[3 * n + 5:3 * n + 8])
+            elif table["fields"]["flat"][-1]:  # built on first use, as the plan would have
+                rows = bucketed.LazyMaps(_rebuild_packs(recipe, plans, len(plans), lengths, device, "rows"),
+                                         _result_bytes(table["fields"]))
+            plan = _Plan(pads=pads, packs=packs, structure=structure, rows=rows, **table["fields"])
         plans.append(plan)
         entry = (plan, plan.pads, plan.packs) if plan is not None else (None,)
         content.put(ckey, entry, bucketed._entry_bytes(ckey, plan))
@@ -255,9 +275,11 @@ def _result_bytes(fields: dict) -> int:
     return bucketed._maps_bytes(fields["out_rows"], padded // max(width, 1))
 
 
-def _rebuild_packs(recipe: PairPlanRecipe, plans: list, i: int, lengths: Tensor, device: torch.device):
-    """The result maps of step ``i``'s plan, when something reads them although the recorded step
-    did not: the step replayed here, its maps moved to ``device``."""
+def _rebuild_packs(recipe: PairPlanRecipe, plans: list, i: int, lengths: Tensor, device: torch.device,
+                   which: str = "packs"):
+    """The result maps (``which``: ``"packs"``, or ``"rows"``, its row maps) of step ``i``'s plan,
+    when something reads them although the recorded step did not: the step replayed here, its
+    maps moved to ``device``."""
 
     def build():
         st = recipe.steps[i]
@@ -266,7 +288,8 @@ def _rebuild_packs(recipe: PairPlanRecipe, plans: list, i: int, lengths: Tensor,
         plan = bucketed._build(list(st.ins), st.out, ops, forced, st.unread, torch.device(st.device_type),
                                [op.pending for op in st.operands])
         to = (lambda t: t if t is None else t.to(device, non_blocking=True))
-        return tuple(RowMap(to(m.safe), to(m.holes)) for m in (plan.packs[0], plan.packs[1]))
+        maps = getattr(plan, which)
+        return tuple(RowMap(to(m.safe), to(m.holes)) for m in (maps[0], maps[1]))
 
     return build
 

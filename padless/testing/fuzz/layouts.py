@@ -55,6 +55,23 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
 
             out["layout"].append(fold_attention)
 
+            def pair_bias_attention() -> Step:
+                w = seeded(seed + 7, (e, 2), x.dtype)
+
+                def fn(t, o):  # boltz's AttentionPairBias core: tokens from the pair, a bias per head
+                    s = t.mean(-3)  # (.., N, e): one token per column
+                    q = s.unsqueeze(-2).expand(*s.shape[:-1], 2, e)  # two heads
+                    bias = t @ w  # (.., N, N, 2), read as (.., 2, N, N)
+                    if not o:
+                        a = torch.einsum("ihd,jhd->hij", q, q) + bias.permute(2, 0, 1)
+                        return torch.einsum("hij,jhd->ihd", a.softmax(-1), q)
+                    a = torch.einsum("bihd,bjhd->bhij", q, q) + bias.permute(0, 3, 1, 2)
+                    return torch.einsum("bhij,bjhd->bihd", a.softmax(-1), q)
+
+                return Step("pair-biased attention (q k^T + z W as (H, N, N), softmax, @ v)", fn, family="layout")
+
+            out["layout"].append(pair_bias_attention)
+
     if tokens or pairs:
         def chunk_rows() -> Step:
             alloc, size = c.choice(["empty", "new_zeros", "from_chunk", "empty_like", "cat"]), c.integer(1, 4)
