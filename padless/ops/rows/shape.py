@@ -90,8 +90,8 @@ def _keep_leading(nt: NestedTensor, raw: list, op: str) -> NestedTensor | None:
     if not nt._ragged or len(raw) < 2 or type(raw[0]) is not int or raw[0] != b or type(nt._lineage) is Fold:
         return None
     last = max(nt._ragged)
-    if len(raw) < last + 2 or _is_traced(nt._values) or torch.compiler.is_compiling():
-        return None
+    if len(raw) < last + 2 or nt._meta.host_sizes is None or _is_traced(nt._values) or torch.compiler.is_compiling():
+        return None  # (sizes on the device only: the rules below decide, and say what they read)
     vshape = nt._values.shape
     k = sum(1 for d in range(last) if d not in nt._ragged)
     static_lead = list(vshape[1:1 + k])  # static dims before the last ragged one (stored first among the static)
@@ -113,7 +113,7 @@ def _keep_leading(nt: NestedTensor, raw: list, op: str) -> NestedTensor | None:
             dims.append((RAGGED, d))
         else:
             n = next(static_it)
-            if type(e) is not int or (e != n and e != -1):
+            if type(e) is not int or (e != n and e != -1) or (e == -1 and n == 0):
                 return None
             if e == -1:
                 hole = len(dims)
