@@ -17,6 +17,8 @@ names, where the op layer has always imported them).
 
 from __future__ import annotations
 
+import weakref
+
 from typing import Any, Callable, Sequence
 
 import torch
@@ -260,6 +262,12 @@ def envelope_from_sizes(host_sizes: Tensor, ragged: Sequence[int], static_shape:
     return env
 
 
+# static_change() records on a structure it makes the one it was made from (weakly), so changing
+# the static extents back (the second linear of a feed-forward) returns that structure: every
+# layer of a stack then reads one structure and the caches on it.
+_CHANGED_FROM = "static_changed_from"
+
+
 def static_change(values: Tensor, like) -> tuple[Tensor, StructureMeta, tuple]:
     """``(sizes, meta, envelope)`` of NestedTensor ``like``'s rows with ``values``' static extents.
 
@@ -276,9 +284,17 @@ def static_change(values: Tensor, like) -> tuple[Tensor, StructureMeta, tuple]:
     traced = _is_traced(values)
     key = ("static_shape", like._ragged, tuple(values.shape[1:]))
     hit = None if traced else like._meta.derived.get(key)
+    if hit is not None and type(hit[1]) is weakref.ref:  # the structure this one was made from
+        hit = None if hit[1]() is None else (hit[0], hit[1](), hit[2])
     if hit is not None:
         return hit
     new_static = list(values.shape[1:])
+    up = None if traced else like._meta.derived.get(_CHANGED_FROM)
+    if up is not None and up[3] == like._ragged and list(up[4]) == new_static:
+        parent = up[0]()
+        if parent is not None:  # back to the static extents it was made from (a feed-forward's two linears)
+            like._meta.derived[key] = (up[1], up[0], up[2])  # weakly: no cycle keeps the two alive
+            return up[1], parent, up[2]
     sizes = like._sizes.clone()
     if len(static):
         sizes[:, list(static)] = torch.tensor(new_static, dtype=torch.int64, device=sizes.device)
@@ -298,6 +314,8 @@ def static_change(values: Tensor, like) -> tuple[Tensor, StructureMeta, tuple]:
     out = (sizes, meta, tuple(env))
     if not traced:
         like._meta.derived[key] = out
+        meta.derived[_CHANGED_FROM] = (weakref.ref(like._meta), like._sizes, tuple(like._env), like._ragged,
+                                       tuple(like._values.shape[1:]))
     return out
 
 

@@ -10,6 +10,7 @@ them, device tensors otherwise), so it works eagerly and under ``torch.compile``
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Sequence
 
 import torch
@@ -83,6 +84,8 @@ def restructure(
     traced = _is_traced(values)
     key = ("restructure", tuple(dims), nt._ragged, None if ragged_order is None else tuple(ragged_order))
     hit = None if traced else m.derived.get(key)  # traced: extents may be SymInts (unhashable)
+    if hit is not None and type(hit[1]) is weakref.ref:  # this structure or the one it was made from
+        hit = None if hit[1]() is None else (hit[0], hit[1](), *hit[2:])
     if hit is not None:
         sizes, meta, env, ragged, static = hit
         if values.shape[1:] != static:
@@ -109,6 +112,16 @@ def restructure(
             return src.new_empty((src.shape[0], 0))
         return torch.stack(cols, 1)
 
+    back = None
+    if not traced and ragged == nt._ragged and all(kind == STATIC or d == p for p, (kind, d) in enumerate(dims)) \
+            and len(dims) == nt.sample_dim and torch.Size(static_sizes) == nt._values.shape[1:]:
+        back = (nt._sizes, m, list(nt._env), ragged, nt._values.shape[1:])  # the same dims: the same structure
+    elif not traced:
+        back = _round_trip(m, ragged, [nt._env[d] if kind == RAGGED else d for kind, d in dims], static_sizes, build)
+    if back is not None:  # this structure, or the one it was made from: their caches serve again
+        m.derived[key] = (back[0], weakref.ref(back[1]), *back[2:])  # weakly: no cycle keeps them alive
+        sizes, meta, env, ragged, _ = back
+        return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
     meta = StructureMeta()
     if m.host_sizes is not None:
         meta.host_sizes = build(m.host_sizes)
@@ -122,7 +135,35 @@ def restructure(
     env = [nt._env[d] if kind == RAGGED else d for kind, d in dims]
     if not traced:
         m.derived[key] = (sizes, meta, env, ragged, torch.Size(static_sizes))
+        meta.derived[_MADE_FROM] = (weakref.ref(m), nt._sizes, tuple(nt._env), nt._ragged, nt._values.shape[1:])
     return nested_from_values(values, nt._offsets, sizes, ragged, env, meta)
+
+
+# restructure() records on a structure it makes the one it made it from (a weak reference, and
+# that structure's cache entry), so a round trip (split heads, transpose, attend, transpose back,
+# merge heads) comes back to the structure it started from: one structure per layer input
+# instead of a new one per layer, and the plans cached on it (attention's sample plan, row maps,
+# structure checks by identity) serve every layer.
+_MADE_FROM = "restructured_from"
+
+
+def _round_trip(m: StructureMeta, ragged: tuple, env: list, static_sizes: list, build) -> tuple | None:
+    """The cache entry of the structure ``m`` was made from, when the new dims give exactly it
+    back (ragged dims in the same storage order, the same envelope, static extents and per-sample
+    sizes, on the same rows); None otherwise."""
+    up = m.derived.get(_MADE_FROM)
+    if up is None or m.host_sizes is None:
+        return None
+    parent, sizes, penv, pragged, pstatic = up[0](), *up[1:]
+    if parent is None or parent.host_sizes is None or parent.host_offsets is not m.host_offsets:
+        return None
+    if pragged != ragged or tuple(pstatic) != tuple(static_sizes) or len(penv) != len(env):
+        return None
+    if any(type(a) is not int or type(b) is not int or a != b for a, b in zip(penv, env)):
+        return None  # (a symbolic or per-sample extent: not compared)
+    if not torch.equal(build(m.host_sizes), parent.host_sizes):
+        return None
+    return sizes, parent, list(penv), pragged, torch.Size(static_sizes)
 
 
 def keep_all(nt: NestedTensor) -> list[DimSpec]:

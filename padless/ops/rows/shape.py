@@ -39,7 +39,8 @@ from padless.ops.common.host import check_envelope_reading, from_host_structure,
 from padless.ops.rows import batch_repeats, folds
 from padless.ops.rows.shape_idioms import expand_dense_as, flatten_rows
 from padless.ops.rows.shape_ragged import reshape_by_extents, reshape_ragged, split_ragged
-from padless.tensor.extents import Extent, for_batch
+from padless.tensor.extents import Extent, applies_to, for_batch, sample_columns
+from padless.tensor.lineage import Fold
 from padless.tensor.views import as_view, put_view, writes_matter
 from padless.ops.rows.windows import take_windows
 from padless.tensor.registry import implements, lend
@@ -69,7 +70,68 @@ def reshape(func, nt: NestedTensor, *shape, **kw) -> NestedTensor:
             raise TypeError(f"{op}() got an unexpected keyword argument {next(iter(kw))!r}")
     if op == "view" and len(shape) == 1 and isinstance(shape[0], torch.dtype):
         return _view_dtype(nt, shape[0])
+    kept = _keep_leading(nt, shape_arg(shape), op)
+    if kept is not None:
+        return kept
     return _reshape(nt, shape, op)
+
+
+def _keep_leading(nt: NestedTensor, raw: list, op: str) -> NestedTensor | None:
+    """The reshape every attention layer writes, answered from host metadata alone, or None.
+
+    ``q.view(*x.shape[:-1], -1, d)`` (split heads), ``o.reshape(B, -1, L, d)``,
+    ``o.reshape(*x.shape[:-1], -1)`` (merge heads): the batch as the plain int ``B``, every
+    ragged dim (and the static dims before the last one) kept, each ragged dim by a size read
+    from this batch's shape whose per-sample sizes are this batch's, and the static dims after
+    the last ragged dim regrouped by plain ints. Every sample keeps its rows; this is the
+    answer :func:`_reshape`'s rules give such a target (a folded batch, a ``-1`` or a plain int
+    at a ragged dim, a size of another batch go there), without walking them."""
+    b = nt.batch_size
+    if not nt._ragged or len(raw) < 2 or type(raw[0]) is not int or raw[0] != b or type(nt._lineage) is Fold:
+        return None
+    last = max(nt._ragged)
+    if len(raw) < last + 2 or nt._meta.host_sizes is None or _is_traced(nt._values) or torch.compiler.is_compiling():
+        return None  # (sizes on the device only: the rules below decide, and say what they read)
+    vshape = nt._values.shape
+    k = sum(1 for d in range(last) if d not in nt._ragged)
+    static_lead = list(vshape[1:1 + k])  # static dims before the last ragged one (stored first among the static)
+    tail_numel = math.prod(vshape[1 + len(static_lead):])
+    holes = [e for e in raw[1:] if type(e) is int and e == -1]
+    if len(holes) > 1 or (holes and tail_numel == 0):
+        return None
+    cols = None
+    dims: list = []
+    static_it = iter(static_lead)
+    hole = None
+    for d, e in enumerate(raw[1:last + 2]):
+        if d in nt._ragged:
+            if type(e) is not Extent or not applies_to(e, nt):
+                return None
+            cols = cols if cols is not None else sample_columns(nt)
+            if e._values() != cols[d]:
+                return None
+            dims.append((RAGGED, d))
+        else:
+            n = next(static_it)
+            if type(e) is not int or (e != n and e != -1) or (e == -1 and n == 0):
+                return None
+            if e == -1:
+                hole = len(dims)
+            dims.append((STATIC, n))
+    tail = raw[last + 2:]
+    if any(type(e) is not int or e < -1 for e in tail):
+        return None
+    known = math.prod(e for e in tail if e != -1)
+    if hole is not None:  # the -1 sits at a kept static dim: the tail must fill the rest exactly
+        if known != tail_numel:
+            return None
+    elif -1 in tail:
+        if known == 0 or tail_numel % known:
+            return None
+        tail = [tail_numel // known if e == -1 else e for e in tail]
+    elif known != tail_numel:
+        return None
+    return _reshape_static(nt, dims + [(STATIC, n) for n in tail], op)
 
 
 def _reshape(nt: NestedTensor, shape: tuple, op: str, trusted: bool = False) -> NestedTensor:

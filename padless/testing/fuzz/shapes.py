@@ -148,6 +148,28 @@ def shape_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callab
 
         out["reshape"].append(tokens)
 
+    if (d_n - 1) not in ragged and env[-1] % 2 == 0 and env[-1] >= 2:
+        width = env[-1]
+        w1, w2 = seeded(seed, (2 * width, width), x.dtype), seeded(seed + 1, (width, 2 * width), x.dtype)
+
+        def heads() -> Step:
+            # what every transformers layer does: split heads off the features (sizes read from
+            # the shape), move them first, work per head, move back, merge, add the residual, then
+            # a feed-forward out and back to the width (the structures come back: one per layer)
+            by_size = c.choice([False, True])
+
+            def fn(t, o):
+                lead = [_entry(t, o, j, by_size) for j in range(d_n - 1)]
+                q = t.reshape(*o.batch(t), *lead, 2, width // 2).movedim(-2, o)
+                y = F.softmax(q, dim=-1).movedim(o, -2)
+                h = t + y.reshape(*o.batch(t), *lead, width)
+                return h + F.linear(F.gelu(F.linear(h, w1)), w2)
+
+            return Step("heads(split, move first, softmax, move back, merge, residual, feed-forward)", fn,
+                        family="reshape", tags=frozenset({RESHAPE_EXTENTS}))
+
+        out["reshape"].append(heads)
+
     k = len(ragged)
     if ragged == tuple(range(k)) and k < d_n:
         width = 1
