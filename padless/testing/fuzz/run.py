@@ -188,10 +188,12 @@ def _verdict(case: Case, status: str, k: int | None, detail: str) -> Verdict:
     return Verdict(status, k, tags, f"{where}: {detail}")
 
 
-#: a low-precision result that differs from the dense one in that dtype is still right when it is
-#: as close to the float64 computation as the dense one is (within this factor): an ill-conditioned
-#: chain (a layer norm of values that cancel) amplifies rounding in either order of summation
+#: a result (bfloat16, float16 or float32) that differs from the dense one in that dtype is still
+#: right when it is as close to the float64 computation as the dense one is (within this factor): an
+#: ill-conditioned chain (a layer norm of values that cancel, a gradient that is rounding residue
+#: where float64 gives 0) amplifies rounding in either order of summation
 ACCURACY_FACTOR = 4.0
+_ROUNDED = (torch.bfloat16, torch.float16, torch.float32)  # float64 is the reference itself
 
 _LOW = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -207,7 +209,7 @@ class _Float64(torch.overrides.TorchFunctionMode):
 
 
 def _as_accurate(case: Case, dense: list[Tensor], got: Any, outs: list[Any], k: int, atol: float) -> bool:
-    if case.dtype not in (torch.bfloat16, torch.float16) or not isinstance(got, NestedTensor):
+    if case.dtype not in _ROUNDED or not isinstance(got, NestedTensor):
         return False
     try:
         with _Float64():
@@ -402,7 +404,7 @@ def _compare_grads(case, nt, dense, got: Trace, refs: list[Trace], rtol: float, 
 def _input_grad_as_accurate(case: Case, dense: list[Tensor], cot: list[Tensor], have: Any, want: list[Tensor],
                             atol: float) -> bool:
     """:func:`_as_accurate` for the input gradient: the float64 chain's gradient as the reference."""
-    if case.dtype not in (torch.bfloat16, torch.float16) or not isinstance(have, NestedTensor):
+    if case.dtype not in _ROUNDED or not isinstance(have, NestedTensor):
         return False
     for i, (d, g, w) in enumerate(zip(dense, have.unbind(), want)):
         if not g.numel():
@@ -430,7 +432,7 @@ def _operand_grad_as_accurate(case: Case, dense: list[Tensor], cot: list[Tensor]
                               total: Tensor, atol: float) -> bool:
     """:func:`_as_accurate` for a dense operand's gradient (the samples' gradients summed): the
     float64 chains' gradients, summed in float64, as the reference."""
-    if case.dtype not in (torch.bfloat16, torch.float16):
+    if case.dtype not in _ROUNDED:
         return False
     ref = torch.zeros(have.shape, dtype=torch.float64)
     for i, d in enumerate(dense):
