@@ -86,12 +86,14 @@ def _keep_leading(nt: NestedTensor, raw: list, op: str) -> NestedTensor | None:
     the last ragged dim regrouped by plain ints. Every sample keeps its rows; this is the
     answer :func:`_reshape`'s rules give such a target (a folded batch, a ``-1`` or a plain int
     at a ragged dim, a size of another batch go there), without walking them."""
+    if torch.compiler.is_compiling() or nt._meta.host_sizes is None or _is_traced(nt._values):
+        return None  # (sizes on the device only, or symbols: the rules below decide, and say what they read)
     b = nt.batch_size
     if not nt._ragged or len(raw) < 2 or type(raw[0]) is not int or raw[0] != b or type(nt._lineage) is Fold:
         return None
     last = max(nt._ragged)
-    if len(raw) < last + 2 or nt._meta.host_sizes is None or _is_traced(nt._values) or torch.compiler.is_compiling():
-        return None  # (sizes on the device only: the rules below decide, and say what they read)
+    if len(raw) < last + 2:
+        return None
     vshape = nt._values.shape
     k = sum(1 for d in range(last) if d not in nt._ragged)
     static_lead = list(vshape[1:1 + k])  # static dims before the last ragged one (stored first among the static)
