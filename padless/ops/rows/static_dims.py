@@ -1,4 +1,4 @@
-"""Short paths for the common idioms along static dims: indexing, ``select``, ``cat``, ``stack``.
+"""Short paths for the common idioms along static dims: indexing (and ``select``, which indexes), ``cat``, ``stack``.
 
 Along a static dim each of these is the dense op on ``values`` with the structure's static
 extents changed, and the general handlers compute exactly that, after walking their rules
@@ -76,7 +76,10 @@ def index_static_dims(nt: NestedTensor, index: Any) -> NestedTensor | None:
         return None
     key = (nt._ragged, nt._values.shape, key)
     forms = _forms(nt)
-    hit = forms.get(key)
+    try:
+        hit = forms.get(key)
+    except TypeError:  # traced extents (SymInts) do not hash: the general path
+        return None
     if hit is None:
         hit = forms[key] = _index_form(nt, index)
     if hit is _NO:
@@ -126,14 +129,6 @@ def _index_form(nt: NestedTensor, index: tuple) -> tuple:
     return tuple(vidx), new
 
 
-def select_static(nt: NestedTensor, dim: Any, index: Any) -> NestedTensor | None:
-    """``nt.select(dim, index)`` at a static dim with plain ints, else None."""
-    n = nt.dim()
-    if type(dim) is not int or type(index) is not int or not -n <= dim < n or dim % n == 0:
-        return None
-    return index_static_dims(nt, (*(_FULL,) * (dim % n), index))
-
-
 def join_static(op: str, tensors: Sequence[Tensor], dim: Any) -> NestedTensor | None:
     """``torch.cat``/``torch.stack`` of NestedTensors of one structure along a static dim:
     a cat/stack of their rows; None for anything else (the general handler answers)."""
@@ -150,7 +145,10 @@ def join_static(op: str, tensors: Sequence[Tensor], dim: Any) -> NestedTensor | 
         return None
     key = (op, len(tensors), dim, t0._ragged, t0._values.shape)
     forms = _forms(t0)
-    hit = forms.get(key)
+    try:
+        hit = forms.get(key)
+    except TypeError:  # traced extents (SymInts) do not hash: the general path
+        return None
     if hit is None:
         hit = forms[key] = _join_form(op, t0, len(tensors), dim)
     if hit is _NO:
