@@ -343,17 +343,24 @@ def pair_cases() -> list[Case]:
 
 # tokens: transformers -------------------------------------------------------
 
+def _train(model) -> dict:
+    """A decoder's training call: ``use_cache=False`` (a train step reads no cache; with the
+    default a ``DynamicCache`` copies every layer's keys and values), for every path of a row:
+    padless, the padded baseline and the per-sample reference alike."""
+    return {} if _is_bert(model) else {"use_cache": False}
+
+
 def _hf_embeds_batched(model, xs):
-    return _unbind(model(inputs_embeds=padless.from_list(xs)).last_hidden_state)
+    return _unbind(model(inputs_embeds=padless.from_list(xs), **_train(model)).last_hidden_state)
 
 
 def _hf_embeds_single(model, x):
-    return model(inputs_embeds=x[None]).last_hidden_state[0]
+    return model(inputs_embeds=x[None], **_train(model)).last_hidden_state[0]
 
 
 def _hf_embeds_padded_loss(model, xs):
     dense, mask = pad_seq(xs)
-    out = model(inputs_embeds=dense, attention_mask=mask.long()).last_hidden_state
+    out = model(inputs_embeds=dense, attention_mask=mask.long(), **_train(model)).last_hidden_state
     return sum(_sq_mean(out[j, : x.shape[0]]) for j, x in enumerate(xs))
 
 
@@ -387,12 +394,12 @@ def _is_bert(model) -> bool:
 
 
 def _hf_ids_single(model, ids):
-    return model(input_ids=ids[None]).last_hidden_state[0]
+    return model(input_ids=ids[None], **_train(model)).last_hidden_state[0]
 
 
 def _hf_ids_padded_loss(model, ids):
     dense, mask = pad_seq(ids)
-    out = model(input_ids=dense, attention_mask=mask.long()).last_hidden_state
+    out = model(input_ids=dense, attention_mask=mask.long(), **_train(model)).last_hidden_state
     return sum(_sq_mean(out[j, : len(i)]) for j, i in enumerate(ids))
 
 
@@ -405,10 +412,11 @@ def token_cases() -> list[Case]:
     id_shapes = lambda ids: [tuple(i.shape) for i in ids]  # noqa: E731
     out = []
     for kind, label in (("bert", "BERT"), ("llama", "Llama")):
-        out.append(Case(f"transformers {label} (inputs_embeds=nt)", "transformers", "embeds (L_i, 128), L 16..128, B 6",
+        train = ", use_cache=False" if kind == "llama" else ""  # (every path of the row: see _train)
+        out.append(Case(f"transformers {label} (inputs_embeds=nt)", "transformers", f"embeds (L_i, 128), L 16..128, B 6{train}",
                         lambda k=kind: build_hf(k), lambda s: token_samples(s), emb_shapes, _hf_embeds_batched,
                         _hf_embeds_single, _hf_embeds_padded_loss, grad=(kind == "bert")))
-        out.append(Case(f"transformers {label} (FlatteningCollator, padless attention)", "transformers", "input_ids L 16..128, B 6, packed (1, T)",
+        out.append(Case(f"transformers {label} (FlatteningCollator, padless attention)", "transformers", f"input_ids L 16..128, B 6, packed (1, T){train}",
                         lambda k=kind: build_hf(k), lambda s: id_seqs(s), id_shapes, _collated, _hf_ids_single,
                         _hf_ids_padded_loss, _hf_collated_loss, grad=(kind == "llama")))
     return out

@@ -326,11 +326,24 @@ def index_ints(index: Any) -> tuple:
     return tuple(_index_int(e) for e in (index if isinstance(index, tuple) else (index,)))
 
 
+_INDEX_STATIC_DIMS = None  # padless.ops.rows.static_dims.index_static_dims, borrowed on first use
+
+
+def _static_dims_path() -> Callable:
+    global _INDEX_STATIC_DIMS
+    _INDEX_STATIC_DIMS = lent("index_static_dims")
+    return _INDEX_STATIC_DIMS
+
+
 def getitem(nt: NestedTensor, index: Any) -> Tensor:
     """``nt[i]`` -> dense sample i (``nt[i, ...]`` indexes into it); a slice, list, int tensor
     or bool mask on the batch dim -> sub-batch; then basic indexing inside every sample:
     ``nt[:, :, 1:3]``, ``nt[..., 0]``, ``nt[:, None]`` on static dims (views of ``values``).
     Ragged dims can only be taken whole (use ``narrow`` for a window of every sample)."""
+    if type(index) is tuple and len(index) > 1:  # static dims only: remembered per structure
+        out = (_INDEX_STATIC_DIMS or _static_dims_path())(nt, index)  # (padless.ops.rows.static_dims)
+        if out is not None:
+            return out
     b = nt.batch_size
     index = index_ints(index)
     if len(index) == 0:

@@ -160,12 +160,29 @@ def read_rows(opname: object, d: Tensor, ref: NestedTensor, aligned: Sequence[in
             f"{opname}(): a dense operand of shape {tuple(d.shape)} has {b} entries on the batch dim, "
             f"the NestedTensor has {ref.batch_size} samples"
         )
+    perm, grid_shape, idx = _read_plan(ref, aligned)
+    return d.reshape(tuple(aligned)).permute(perm).reshape(grid_shape).index_select(0, idx)
+
+
+def _read_plan(ref: NestedTensor, aligned: Sequence[int]) -> tuple:
+    """``(permutation, grid shape, row index)`` of a padded read of an operand ``aligned``."""
     ragged = ref._ragged
     static = layout.static_dims(ref.sample_dim, ragged)
-    grid = d.reshape(tuple(aligned)).permute(0, *[1 + r for r in ragged], *[1 + s for s in static])
-    grid = grid.reshape(-1, *[aligned[1 + s] for s in static])
+    perm = (0, *[1 + r for r in ragged], *[1 + s for s in static])
+    n = aligned[0]
+    for r in ragged:
+        n = n * aligned[1 + r]
+    grid_shape = (n, *[aligned[1 + s] for s in static])  # (no -1: a static extent 0 leaves it open)
     ext = tuple(aligned[1 + r] if _is_traced(ref._values) else int(aligned[1 + r]) for r in ragged)
-    return grid.index_select(0, read_index(ref, b != 1, ext))
+    return perm, grid_shape, read_index(ref, aligned[0] != 1, ext)
+
+
+# padded_rows() remembers, per structure and operand shape, how it read an operand (the
+# permutation, grid shape and row index of a padded read, or the shape of a broadcast view):
+# index maps only, never an operand's values (module docstring). At most _MAX_PLANS shapes
+# per structure (a structure that meets more starts over).
+_PLANS = "padded_row_plans"
+_MAX_PLANS = 16
 
 
 def as_nested(opname: object, d: Tensor, ref: NestedTensor, whole: bool = False) -> NestedTensor | None:
@@ -213,16 +230,42 @@ def padded_rows(opname: object, d: Tensor, ref: NestedTensor) -> Tensor | None:
     and on the batch dim, a view of its static extents. None for operands of higher rank than
     ``ref`` or per-sample ones of extent 1 on the ragged dims (the general path takes them).
     Wrong extents raise the usual error. For :mod:`padless.tensor.fast_grad`."""
+    key = (d.shape, ref._ragged, ref._values.device)
+    plans = ref._meta.derived.get(_PLANS)
+    plan = None if plans is None else plans.get(key)
+    if plan is not None:  # this structure read an operand of this shape before
+        if len(plan) == 4:
+            check_strict(opname, d.shape, ref)
+            aligned, perm, grid_shape, idx = plan
+            return d.reshape(aligned).permute(perm).reshape(grid_shape).index_select(0, idx)
+        aligned, perm, view_shape = plan
+        return d.reshape(aligned).permute(perm).reshape(view_shape)
     nd = ref.dim()
     if d.dim() > nd:
         return None
     aligned = (1,) * (nd - d.dim()) + tuple(d.shape)
+    traced = _is_traced(ref._values) or torch.compiler.is_compiling()
     if padded_extents(opname, aligned, ref, d.shape):
-        return read_rows(opname, d, ref, aligned)
+        rows = read_rows(opname, d, ref, aligned)
+        if not traced:
+            _remember(ref, key, (aligned, *_read_plan(ref, aligned)))
+        return rows
     if aligned[0] != 1:
         return None
     static = layout.static_dims(ref.sample_dim, ref._ragged)
-    return d.reshape(aligned[1:]).permute(*ref._ragged, *static).reshape(1, *[aligned[1 + s] for s in static])
+    plan = (aligned[1:], (*ref._ragged, *static), (1, *[aligned[1 + s] for s in static]))
+    if not traced:
+        _remember(ref, key, plan)
+    return d.reshape(plan[0]).permute(plan[1]).reshape(plan[2])
+
+
+def _remember(ref: NestedTensor, key: tuple, plan: tuple) -> None:
+    if torch.is_inference_mode_enabled():
+        return  # its index may be an inference tensor (StructureMeta.derived keeps none)
+    plans = ref._meta.derived.get(_PLANS)
+    if plans is None or len(plans) >= _MAX_PLANS:
+        plans = ref._meta.derived[_PLANS] = {}
+    plans[key] = plan
 
 
 @lend("padded_operands")

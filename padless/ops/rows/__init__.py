@@ -8,4 +8,4 @@ ragged dims are segmented sums over rows; shape ops (``unsqueeze``, ``transpose`
 
 from padless.ops.rows import pointwise, reduce, reduce_aten, reduce_nan  # noqa: F401
 from padless.ops.rows import linear_norm, features, loss  # noqa: F401
-from padless.ops.rows import dims, setitem, shape, shape_rows  # noqa: F401
+from padless.ops.rows import dims, setitem, shape, shape_rows, static_dims  # noqa: F401

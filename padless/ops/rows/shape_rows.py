@@ -25,6 +25,7 @@ from torch import Tensor
 from padless.ops.common.host import from_host_structure, host_structure, static_changed
 from padless.ops.rows.shape_idioms import dense_cat_operands, drop_empty_dense
 from padless.ops.rows.stacked import stack_batches
+from padless.ops.rows.static_dims import join_static
 from padless.ops.rows.windows import window_rows
 from padless.tensor.views import as_view, put_rows
 from padless.ops.common.structure import STATIC, keep_all, outer_dim, restructure, sample_dim, values_dim
@@ -210,6 +211,9 @@ def cat(func, tensors: Sequence[Tensor], dim: int = 0, *, axis: int | None = Non
     if out is not None:
         raise NotImplementedError("cat(): out= is not supported for NestedTensors")
     dim = axis if axis is not None else dim
+    joined = join_static("cat", tensors, dim)  # one structure, a static dim: a cat of the rows
+    if joined is not None:
+        return joined
     tensors = drop_empty_dense(tensors, dim)  # torch.cat([empty_cache, x], dim): the empty adds nothing
     tensors = dense_cat_operands(tensors, dim)  # a dense (B, k, C) block: k rows of every sample
     if len(tensors) == 1 and isinstance(tensors[0], NestedTensor):
@@ -309,6 +313,9 @@ def stack(func, tensors: Sequence[Tensor], dim: int = 0, *, out=None) -> NestedT
     of the batch: a :class:`padless.ops.rows.stacked.StackedBatch` (reduce or index it)."""
     if out is not None:
         raise NotImplementedError("stack(): out= is not supported for NestedTensors")
+    joined = join_static("stack", tensors, dim)  # one structure, a static dim: a stack of the rows
+    if joined is not None:
+        return joined
     ts = _nested_inputs("stack", tensors)
     o = outer_dim(ts[0], dim, "stack", extra=1)
     if o == 0:

@@ -13,11 +13,12 @@ from padless.testing.fuzz.layouts import layout_steps
 from padless.testing.fuzz.core import DTYPES, Case, Chooser, Side, Step, draw_layout, inputs
 from padless.testing.fuzz.padded import padded_steps
 from padless.testing.fuzz.shapes import shape_steps
+from padless.testing.fuzz.static import static_steps
 from padless.testing.fuzz.vision import vision_steps
 from padless.testing.fuzz.writes import write_steps
 
 #: Every step family, in the order the sweep prints them.
-FAMILIES = ("basic", "reshape", "rows", "window", "window_write", "inplace", "stack", "padded", "interpolate", "batch_dense", "layout")
+FAMILIES = ("basic", "reshape", "rows", "window", "window_write", "inplace", "stack", "static", "padded", "interpolate", "batch_dense", "layout")
 
 _MODE_DRAW = ("grad", "grad", "grad", "no_grad", "inference")
 
@@ -25,7 +26,7 @@ _MODE_DRAW = ("grad", "grad", "grad", "no_grad", "inference")
 def applicable(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Callable[[], Step]]]:
     """Builders of every step that applies to ``x``, by family."""
     out = {"basic": basic_steps(x, c, seed)}
-    for more in (shape_steps, write_steps, padded_steps, vision_steps, layout_steps):
+    for more in (shape_steps, static_steps, write_steps, padded_steps, vision_steps, layout_steps):
         for fam, builders in more(x, c, seed).items():
             out.setdefault(fam, []).extend(builders)
     return out
