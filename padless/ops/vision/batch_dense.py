@@ -27,6 +27,7 @@ from torch import Tensor
 from padless.ops.common.dim0 import keeps_dim0
 from padless.tensor.construct import from_padded
 from padless.tensor.core import NestedTensor
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, plain
 from padless.ops.vision.resample import SIZE_REWRITE
 from padless.tensor.extents import Extent, per_sample_extents
 
@@ -39,6 +40,10 @@ class BatchDense(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in ENGINE_CALLS:  # as the plain tensor it reads as: NestedTensors among inputs then answer
+            out = call_read_as(BatchDense, plain, func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if any(issubclass(t, NestedTensor) for t in types):
             return NotImplemented  # with a NestedTensor operand its handlers read this as dense
         if func is F.interpolate:
