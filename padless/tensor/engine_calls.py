@@ -14,7 +14,8 @@ leaf's rows' share of it) would stay empty::
 
 :func:`call_read_as` is the one mechanism: every such output (and its gradient) is replaced by
 the tensor it reads as, attached to the same graph, and the call is made again at torch level,
-where NestedTensor answers it when NestedTensors are among ``inputs``.
+where NestedTensor answers it when NestedTensors are among ``inputs``. Each subclass registers
+how it reads (:func:`reads_as`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,15 @@ ENGINE_CALLS: dict[Callable, tuple[inspect.Signature, str, str]] = {
 #: gradient (``None`` where none was given) read as; it may raise to refuse a pair.
 ReadAs = Callable[[Any, Any], "tuple[Any, Any]"]
 
+#: The subclasses that read as another tensor, and how (:func:`reads_as`).
+_READS_AS: dict[type, ReadAs] = {}
+
+
+def reads_as(cls: type, read_as: ReadAs | None = None) -> None:
+    """Register ``cls`` (its instances among an engine call's outputs or gradients are read as
+    ``read_as`` says; :func:`plain` by default)."""
+    _READS_AS[cls] = plain if read_as is None else read_as
+
 
 def plain(output: Any, gradient: Any) -> tuple[Any, Any]:
     """The :data:`ReadAs` of a subclass that reads as its plain tensor (``as_subclass(Tensor)``
@@ -54,11 +64,18 @@ def _items(v: Any) -> tuple[list, bool]:
     return list(v), False
 
 
-def call_read_as(cls: type, read_as: ReadAs, func: Callable, args: tuple, kwargs: dict) -> Any:
-    """``func`` (one of :data:`ENGINE_CALLS`) with every ``cls`` among its outputs and their
-    gradients read as ``read_as`` says, called again at torch level (module docstring);
-    ``NotImplemented`` where there is none (the caller goes on as before) or where the call
-    does not bind (torch names the mistake)."""
+def _reading(output: Any, gradient: Any) -> ReadAs | None:
+    """The :data:`ReadAs` of a pair: the output's class's, else the gradient's."""
+    return _READS_AS.get(type(output)) or _READS_AS.get(type(gradient))
+
+
+def call_read_as(func: Callable, args: tuple, kwargs: dict) -> Any:
+    """``func`` (one of :data:`ENGINE_CALLS`) with every registered subclass (:func:`reads_as`)
+    among its outputs and their gradients read as it says, called again at torch level (module
+    docstring); ``NotImplemented`` where there is none (the caller goes on as before) or where
+    the call does not bind (torch names the mistake). Every such subclass's
+    ``__torch_function__`` calls it, and so does NestedTensor's, which answers first when a
+    NestedTensor comes first among the outputs."""
     sig, o_name, g_name = ENGINE_CALLS[func]
     try:
         bound = sig.bind(*args, **kwargs)
@@ -69,9 +86,9 @@ def call_read_as(cls: type, read_as: ReadAs, func: Callable, args: tuple, kwargs
     grads, _ = _items(a.get(g_name))
     if a.get(g_name) is None:
         grads = [None] * len(outs)
-    if len(grads) != len(outs) or not any(isinstance(t, cls) for t in (*outs, *grads)):
+    if len(grads) != len(outs) or not any(_reading(o, g) for o, g in zip(outs, grads)):
         return NotImplemented
-    pairs = [read_as(o, g) if isinstance(o, cls) or isinstance(g, cls) else (o, g) for o, g in zip(outs, grads)]
+    pairs = [(r(o, g) if (r := _reading(o, g)) else (o, g)) for o, g in zip(outs, grads)]
     new_outs = [p[0] for p in pairs]
     new_grads = [p[1] for p in pairs]
     a[o_name] = new_outs[0] if one else new_outs

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor, _is_traced
-from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, plain
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, reads_as
 from padless.tensor.registry import lent
 
 SETITEM = torch.Tensor.__setitem__
@@ -81,7 +81,7 @@ class DenseView(Tensor):
         kwargs = kwargs or {}
         if func in ENGINE_CALLS:
             # as the plain tensor it reads as: NestedTensors among inputs then answer (tensor.engine_calls)
-            out = call_read_as(DenseView, plain, func, args, kwargs)
+            out = call_read_as(func, args, kwargs)
             if out is not NotImplemented or any(issubclass(t, NestedTensor) for t in types):
                 return out  # NestedTensor answers gradients of its intermediates (tensor.grad_rows)
         if args and type(args[0]) is DenseView and _may_write(func, args, kwargs):
@@ -94,6 +94,9 @@ class DenseView(Tensor):
 
     def __deepcopy__(self, memo):
         return self.as_subclass(Tensor).__deepcopy__(memo)
+
+
+reads_as(DenseView)  # its gradients are asked of the plain tensor it reads as (tensor.engine_calls)
 
 
 def put_rows(rows: Tensor) -> Callable[[Tensor, Tensor], Tensor]:

@@ -124,3 +124,34 @@ def test_seq_first_view_among_inputs_is_refused():
     u = x.transpose(0, 1)
     with pytest.raises(TypeError, match=r"grad\(\): a sequence-first view .* among inputs"):
         torch.autograd.grad(_LIN(u), [u], _LIN(u).detach())
+
+
+@pytest.mark.parametrize("how", ["autograd.backward", "grad"])
+@pytest.mark.parametrize("order", ["batch_first_then_view", "view_then_batch"])
+def test_a_batch_and_a_seq_first_view_among_the_outputs(order, how):
+    """Outputs ``[a, b]`` with ``a`` a NestedTensor and ``b`` a sequence-first view: NestedTensor
+    answers first there and reads the view as its batch too (the view's part of the gradient was
+    lost: a silent wrong gradient)."""
+    lengths = [2, 0, 4]
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, C, generator=g, dtype=F64) for n in lengths]
+    cots = [torch.randn(n, C, generator=g, dtype=F64) for n in lengths]
+    x = padless.from_list(xs, requires_grad=True)
+    h = _LIN(x.tanh())
+    a, b = h * 3, _LIN(h.transpose(0, 1))
+    ga = padless.from_list(cots)
+    outs, grads = ([a, b], [ga, ga.transpose(0, 1)]) if order == "batch_first_then_view" else ([b, a], [ga.transpose(0, 1), ga])
+    gh, gx = _ask_many(how, outs, grads, [h, x])
+    for i, (xi, ci) in enumerate(zip(xs, cots)):
+        xi = xi.clone().requires_grad_()
+        hi = _LIN(xi.tanh())
+        want_h, want_x = torch.autograd.grad([hi * 3, _LIN(hi)], [hi, xi], [ci, ci])
+        torch.testing.assert_close(gh.unbind()[i], want_h)
+        torch.testing.assert_close(gx.unbind()[i], want_x)
+
+
+def _ask_many(how, outs, grads, inputs):
+    if how == "grad":
+        return list(torch.autograd.grad(outs, inputs, grads))
+    torch.autograd.backward(outs, grads, inputs=inputs)
+    return [t.grad for t in inputs]

@@ -24,7 +24,7 @@ from torch import Tensor
 
 from padless.ops.common import seq_first_ops
 from padless.tensor.core import NestedTensor
-from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, inputs_of
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, inputs_of, reads_as
 from padless.tensor.registry import FUNCTION_TABLE
 
 
@@ -116,7 +116,7 @@ def _engine_call(func: Any, args: tuple, kwargs: dict) -> Any:
             "batch, not a tensor of the graph: ask for the gradient of the NestedTensor it views and transpose that "
             "(torch.autograd.grad(out, [x])[0].transpose(0, 1))"
         )
-    out = call_read_as(SeqFirstView, _read_as_batch, func, args, kwargs)
+    out = call_read_as(func, args, kwargs)
     if out is NotImplemented:  # the call does not bind: torch names the mistake
         with torch._C.DisableTorchFunctionSubclass():
             return func(*args, **kwargs)
@@ -137,6 +137,9 @@ def _read_as_batch(output: Any, gradient: Any) -> tuple[Any, Any]:
         f"padless: a sequence-first view (g.transpose(0, 1)) given as the gradient of a {type(output).__name__} "
         f"of shape {tuple(output.shape)}: the gradient of a NestedTensor is a NestedTensor (pass g, not its view)"
     )
+
+
+reads_as(SeqFirstView, _read_as_batch)
 
 
 def unwrap_seq_first(x: Any) -> Any:

@@ -50,7 +50,7 @@ from torch import Tensor
 from padless.ops.common.dim0 import keeps_dim0
 from padless.ops.common.structure import RAGGED, STATIC, restructure
 from padless.tensor.core import NestedTensor
-from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, plain
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, reads_as
 from padless.tensor.errors import StructureError
 from padless.tensor.extents import Extent
 
@@ -73,7 +73,7 @@ class PackedRows(Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func in ENGINE_CALLS:  # as the plain tensor it reads as: NestedTensors among inputs then answer
-            out = call_read_as(PackedRows, plain, func, args, kwargs)
+            out = call_read_as(func, args, kwargs)
             if out is not NotImplemented:
                 return out
         if any(issubclass(t, NestedTensor) for t in types):
@@ -113,6 +113,9 @@ class PackedRows(Tensor):
 _NEW = {"new_empty", "new_zeros", "new_ones", "new_full"}
 _PIECES = {"split", "chunk", "tensor_split", "split_with_sizes"}
 _JOIN = {"cat", "concat", "concatenate"}
+
+
+reads_as(PackedRows)  # its gradients are asked of the plain tensor it reads as (tensor.engine_calls)
 
 
 def _along_dim0(args: tuple, kwargs: dict, ndim: int) -> bool:
