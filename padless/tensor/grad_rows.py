@@ -34,6 +34,7 @@ from padless.tensor import leaf_rows
 from padless.tensor.leaf_rows import as_gradient
 from padless.tensor.autograd import _grad_values, kept_rows, values_of
 from padless.tensor.core import NestedTensor
+from padless.tensor.engine_calls import call_read_as
 from padless.tensor.registry import implements, lend
 
 _GRAD = inspect.signature(torch.autograd.grad)
@@ -74,7 +75,12 @@ def backward_call(func: Callable, types: tuple, args: tuple, kwargs: dict) -> An
     sample; re-running ``backward`` per sample is wrong). Only this hop is skipped: Python
     backward code (custom Functions, hooks) still sees NestedTensors at torch level; before
     torch 2.12 (no one-hop skip) the whole call runs below it. Intermediates among
-    ``inputs`` are answered on their rows first (:func:`grad_through_rows`)."""
+    ``inputs`` are answered on their rows first (:func:`grad_through_rows`), and outputs that
+    read as another tensor (a sequence-first view after a NestedTensor among the outputs) are
+    read so first (:func:`padless.tensor.engine_calls.call_read_as`)."""
+    read = call_read_as(func, args, kwargs)
+    if read is not NotImplemented:
+        return read
     through = grad_through_rows(func, args, kwargs)
     if through is not NotImplemented:
         return through

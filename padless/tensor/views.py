@@ -35,6 +35,7 @@ from torch import Tensor
 
 from padless.tensor.autograd import rewrap, values_of
 from padless.tensor.core import NestedTensor, _is_traced
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, reads_as
 from padless.tensor.registry import lent
 
 SETITEM = torch.Tensor.__setitem__
@@ -70,9 +71,6 @@ class NestedView(NestedTensor):
         return super().__torch_function__(func, types, args, kwargs)
 
 
-_GRAD_CALLS = (torch.autograd.grad, torch.autograd.backward, Tensor.backward)
-
-
 class DenseView(Tensor):
     """A dense view of a NestedTensor (position ``k`` of every sample, ``x[:, k]``; a sample,
     ``x[i]``): in-place ops on it write through to the NestedTensor (module docstring). Every
@@ -81,11 +79,11 @@ class DenseView(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func in _GRAD_CALLS and any(issubclass(t, NestedTensor) for t in types):
-            return NotImplemented  # NestedTensor answers gradients of its intermediates (tensor.grad_rows)
-        if func is Tensor.backward and args and type(args[0]) is DenseView:
-            # as the plain tensor it reads as: torch.autograd.backward then sees NestedTensor inputs
-            return args[0].as_subclass(Tensor).backward(*args[1:], **kwargs)
+        if func in ENGINE_CALLS:
+            # as the plain tensor it reads as: NestedTensors among inputs then answer (tensor.engine_calls)
+            out = call_read_as(func, args, kwargs)
+            if out is not NotImplemented or any(issubclass(t, NestedTensor) for t in types):
+                return out  # NestedTensor answers gradients of its intermediates (tensor.grad_rows)
         if args and type(args[0]) is DenseView and _may_write(func, args, kwargs):
             return write_through(args[0], func, args, kwargs)
         with torch._C.DisableTorchFunctionSubclass():
@@ -96,6 +94,9 @@ class DenseView(Tensor):
 
     def __deepcopy__(self, memo):
         return self.as_subclass(Tensor).__deepcopy__(memo)
+
+
+reads_as(DenseView)  # its gradients are asked of the plain tensor it reads as (tensor.engine_calls)
 
 
 def put_rows(rows: Tensor) -> Callable[[Tensor, Tensor], Tensor]:

@@ -248,3 +248,58 @@ def test_fold_of_a_transposed_pair_without_fullgraph_one_graph():
             torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
             torch.testing.assert_close(gx, d.grad, atol=1e-5, rtol=1e-5)
     assert cnt.frame_count == 1
+
+
+# Rectangular pairs (N_i, M_i) with parent samples of N_b = 0 (their M_b held only by the fold's link),
+# an empty parent whose M_b is the envelope, and a one-sample batch.
+EMPTY_PARENTS = [[(2, 3), (1, 4), (3, 5)], [(2, 3), (0, 3), (3, 5), (0, 2)], [(1, 2), (0, 6), (4, 1)], [(0, 3)]]
+
+
+def test_an_empty_parent_sample_unfolds_with_its_own_extents_one_graph():
+    """A parent sample (0, M_b, d) gave no samples to the fold: the compiled unfold gives it
+    (0, M_b, d), as eagerly (it gave (0, 0, d)), from the parent's sizes the traced link holds;
+    one graph over the changing batches (a one-sample batch specialises once more)."""
+    lin = nn.Linear(D, 5)
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        return lin(z.flatten(0, 1).tanh()).unflatten(0, (B, N))
+
+    torch._dynamo.reset()
+    cnt = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(f, backend=cnt, fullgraph=True)
+    for i, shapes in enumerate(EMPTY_PARENTS):
+        g = torch.Generator().manual_seed(i)
+        samples = [torch.randn(n, m, D, generator=g) for n, m in shapes]
+        x = padless.from_list(samples, ragged_dims=(0, 1), requires_grad=True)
+        out = compiled(x)
+        assert [tuple(o.shape) for o in out.unbind()] == [(n, m, 5) for n, m in shapes]
+        assert tuple(out.shape) == (len(shapes), max(n for n, _ in shapes), max(m for _, m in shapes), 5)
+        (out.values() ** 2).sum().backward()
+        for s, o, gx in zip(samples, out.unbind(), x.grad.unbind()):
+            d = s.clone().requires_grad_(True)
+            ref = lin(d.tanh())  # the sample alone
+            (ref ** 2).sum().backward()
+            torch.testing.assert_close(o, ref, atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(gx, d.grad, atol=1e-5, rtol=1e-5)
+    assert cnt.frame_count == 2
+
+
+def test_an_empty_parent_sample_whose_extents_an_op_changed_is_refused_under_compile():
+    """The folded samples transposed ((M_i, d) -> (d, M_i)) before the unfold: an empty parent
+    sample's extents are not known, refused as eagerly (by a device-side assert: no host read);
+    without an empty parent sample the same graph unfolds."""
+
+    def f(z):
+        B, N = z.shape[0], z.shape[1]
+        return z.flatten(0, 1).transpose(1, 2).unflatten(0, (B, N))
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="aot_eager", fullgraph=True)
+    full = [torch.randn(n, m, D) for n, m in EMPTY_PARENTS[0]]
+    out = compiled(padless.from_list(full, ragged_dims=(0, 1)))
+    for s, o in zip(full, out.unbind()):
+        torch.testing.assert_close(o, s.transpose(1, 2))
+    z = padless.from_list([torch.randn(n, m, D) for n, m in EMPTY_PARENTS[1]], ragged_dims=(0, 1))
+    with pytest.raises(RuntimeError, match=r"unflatten\(\): under torch.compile, a parent sample gave no samples to the fold"):
+        compiled(z)

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from padless.ops.common import seq_first_ops
 from padless.tensor.core import NestedTensor
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, inputs_of, reads_as
 from padless.tensor.registry import FUNCTION_TABLE
 
 
@@ -82,6 +83,8 @@ class SeqFirstView(Tensor):
             perm = [p % n for p in perm]
             if perm[:2] == [1, 0]:
                 return args[0]._nt.permute(0, 1, *perm[2:])
+        if func in ENGINE_CALLS:
+            return _engine_call(func, args, kwargs)
         if func in SEQ_FIRST_OPS:
             # The family's handler, reached through the registry (no family import).
             return FUNCTION_TABLE[func](func, *args, **kwargs)
@@ -100,6 +103,43 @@ class SeqFirstView(Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         raise RuntimeError(f"padless: {func} on a sequence-first view of a NestedTensor; transpose it back first")
+
+
+def _engine_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``Tensor.backward`` / ``torch.autograd.backward`` / ``grad`` of a sequence-first view: the
+    call on the NestedTensor it views, with the gradient's view read the same way
+    (:mod:`padless.tensor.engine_calls`)."""
+    name = getattr(func, "__qualname__", func)
+    if any(isinstance(t, SeqFirstView) for t in inputs_of(func, args, kwargs)):
+        raise TypeError(
+            f"padless: {name}(): a sequence-first view (x.transpose(0, 1)) among inputs; it is a view read as the "
+            "batch, not a tensor of the graph: ask for the gradient of the NestedTensor it views and transpose that "
+            "(torch.autograd.grad(out, [x])[0].transpose(0, 1))"
+        )
+    out = call_read_as(func, args, kwargs)
+    if out is NotImplemented:  # the call does not bind: torch names the mistake
+        with torch._C.DisableTorchFunctionSubclass():
+            return func(*args, **kwargs)
+    return out
+
+
+def _read_as_batch(output: Any, gradient: Any) -> tuple[Any, Any]:
+    """An output and its gradient, both sequence-first views, as their NestedTensors."""
+    if isinstance(output, SeqFirstView) and (gradient is None or isinstance(gradient, SeqFirstView)):
+        return output._nt, None if gradient is None else gradient._nt
+    if isinstance(output, SeqFirstView):
+        raise TypeError(
+            "padless: the gradient of a sequence-first view (y.transpose(0, 1)) is a sequence-first view too, got "
+            f"{type(gradient).__name__} of shape {tuple(gradient.shape)}: pass g.transpose(0, 1) of a NestedTensor g "
+            "of the batch's structure (or call backward on the batch, y.transpose(0, 1))"
+        )
+    raise TypeError(
+        f"padless: a sequence-first view (g.transpose(0, 1)) given as the gradient of a {type(output).__name__} "
+        f"of shape {tuple(output.shape)}: the gradient of a NestedTensor is a NestedTensor (pass g, not its view)"
+    )
+
+
+reads_as(SeqFirstView, _read_as_batch)
 
 
 def unwrap_seq_first(x: Any) -> Any:

@@ -23,6 +23,7 @@ torch's packed kernel otherwise (see :func:`own_loop`; cuDNN on CUDA, as for
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -155,9 +156,37 @@ def recurrent(func, *args: Any, **kwargs: Any) -> tuple:
             res = func(data, plan.batch_sizes, hx if func is torch.lstm else hx[0], params, *flags)
         rows = res[0].index_select(0, plan.unpack)
         out = (rewrap(rows, x), *_final_states(plan, tuple(res[1:]), h0))
+    if torch.is_autocast_enabled(x.device.type):
+        out = _as_under_autocast(out, _autocast_dtypes(func, a, x, h0, params))
     if seq_first:
         return (SeqFirstView(out[0]), *out[1:])
     return out
+
+
+def _autocast_dtypes(func: Any, a: dict[str, Any], x: NestedTensor, h0: tuple[Tensor, ...], params: list) -> tuple:
+    """The dtypes of ``(output, h_n[, c_n])`` that torch's own kernel gives a sample alone under
+    the autocast in force. They differ from what the packed rows give: on the CPU, the input
+    form of ``torch.lstm`` runs oneDNN's ``mkldnn_rnn_layer`` (an autocast lower-precision op:
+    bfloat16 out) where the CPU supports it, the packed form and padless's own recurrence keep
+    the cell state in float32 (float32 out); ``rnn_*`` and ``gru`` agree. Torch's kernel answers
+    for itself, on a one-step sample without a graph (what its choice depends on: device, the
+    CPU's support, grad mode); only under autocast."""
+    one = values_of(x).detach().new_zeros((1, 1, x.shape[-1]))
+    hx = tuple(h.detach().new_zeros((h.shape[0], 1, h.shape[2])) for h in h0)
+    with warnings.catch_warnings():  # what torch says of its choice (no oneDNN for projections) is not asked here
+        warnings.simplefilter("ignore")
+        res = func(one, hx if func is torch.lstm else hx[0], [p.detach() for p in params], bool(a["has_biases"]),
+                   int(a["num_layers"]), 0.0, False, bool(a["bidirectional"]), True)
+    return tuple(r.dtype for r in res)
+
+
+def _as_under_autocast(out: tuple, dtypes: tuple) -> tuple:
+    """``out`` in ``dtypes`` (the rows and the states computed in the packed form's precision,
+    rounded once to the dtype a sample alone gets, :func:`_autocast_dtypes`)."""
+    nt, states = out[0], out[1:]
+    if nt.dtype != dtypes[0]:
+        nt = rewrap(values_of(nt).to(dtypes[0]), nt)
+    return (nt, *(h if h.dtype == d else h.to(d) for h, d in zip(states, dtypes[1:])))
 
 
 takes_seq_first(*_KERNELS)

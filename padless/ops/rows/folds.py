@@ -81,7 +81,8 @@ class FoldLink:
     extent: int | torch.SymInt
     #: when a parent sample gave no samples (count 0): the parent's sizes after the folded dim,
     #: ``(sizes per parent sample, the ragged ones among them)``, so the unfold gives an empty
-    #: sample its own extents (nothing else holds them); ``()`` when every count is positive
+    #: sample its own extents (nothing else holds them); ``()`` when every count is positive.
+    #: Under ``torch.compile`` always there, the sizes a device tensor (:func:`folds_traced.unfold`)
     rest: tuple = ()
 
     def empty_sizes(self, nt: NestedTensor, rows: Tensor, nonempty: Tensor, op: str) -> None:
@@ -492,7 +493,7 @@ def unfold_reshape(nt: NestedTensor, raw: Sequence[Any], op: str) -> NestedTenso
     if _traced(nt):
         if own is None or not (folds_traced.same(lead, own.batch_size) and folds_traced.same(n, own.extent)):
             return None
-        return folds_traced.unfold(_rest_reshape(nt, raw[2:], op), own)
+        return folds_traced.unfold(_rest_reshape(nt, raw[2:], op), own, op)
     if isinstance(n, Extent) and n.batch_size == lead:
         return _unfold_by_extent(nt, raw, op)
     found = [k for k in links(nt) if k.batch_size == lead and k.extent == n]

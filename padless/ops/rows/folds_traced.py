@@ -8,9 +8,10 @@ brings into a compiled graph (:mod:`padless.ops.common.carried`) holds it: an in
 the fold needs no data-dependent op and compiles in one graph also without ``fullgraph=True``
 (no graph break at the fold). Otherwise it is an unbacked size computed in the graph
 (:func:`padless.tensor.traced.traced_sum`: a graph break without ``fullgraph=True`` or
-``capture_dynamic_output_shape_ops``). Batches of any lengths run in one graph. The link to the parent holds the parent's extents along the folded dim as a tensor
-and its envelope as a symbol; an unfold finds it on the folded batch's structure (ops that
-keep the rows carry it). Sizes read from a shape are plain symbols here (no
+``capture_dynamic_output_shape_ops``). Batches of any lengths run in one graph. The link to the parent holds the parent's extents along the folded dim as a tensor,
+its envelope as a symbol and its sizes after that dim as a tensor (a parent sample of extent 0
+gave no samples: the unfold gives it its own extents from there, as eagerly); an unfold finds it
+on the folded batch's structure (ops that keep the rows carry it). Sizes read from a shape are plain symbols here (no
 :class:`~padless.tensor.extents.Extent`), so the unfold of a batch whose link was lost (the
 pair product of ``softmax(q @ k^T) @ v``) and the per-row repeats of a bias are refused
 (:func:`refuse`).
@@ -72,7 +73,8 @@ def fold_ragged(nt: NestedTensor, link_type: type, key: tuple, s: Any = None) ->
     starts = offsets[:-1].repeat_interleave(n, output_size=s) + local * per.repeat_interleave(n, output_size=s)
     new_offsets = torch.cat([starts, offsets[-1:]])
     meta = StructureMeta()
-    meta.derived[key] = link_type("ragged", n, nt._env[0])
+    # the parent's sizes after the folded dim: an empty parent sample's own extents at the unfold
+    meta.derived[key] = link_type("ragged", n, nt._env[0], (sizes[:, 1:], tuple(r - 1 for r in nt._ragged if r > 0)))
     ragged = tuple(r - 1 for r in nt._ragged[1:])
     return nested_from_values(values_of(nt), new_offsets, new_sizes, ragged, nt._env[1:], meta)
 
@@ -97,8 +99,10 @@ def fold_static(nt: NestedTensor, link_type: type, key: tuple) -> NestedTensor:
     return nested_from_values(vals[row_idx, head_idx], new_offsets, new_sizes, tuple(r - 1 for r in nt._ragged), nt._env[1:], meta)
 
 
-def unfold(nt: NestedTensor, link: Any) -> NestedTensor:
-    """The inverse of the fold ``link`` records (its counts a device tensor)."""
+def unfold(nt: NestedTensor, link: Any, op: str = "unfold") -> NestedTensor:
+    """The inverse of the fold ``link`` records (its counts a device tensor). A parent sample
+    that gave no samples (``N_b = 0``) gets its own extents back from the link's
+    :attr:`~padless.ops.rows.folds.FoldLink.rest`, as eagerly."""
     c = link.counts
     sizes, offsets = nt._sizes, nt._offsets
     s = sizes.shape[0]
@@ -110,10 +114,34 @@ def unfold(nt: NestedTensor, link: Any) -> NestedTensor:
     row = sizes.new_tensor(empty) if all(type(e) is int for e in empty) else sizes.new_zeros(nt.sample_dim)
     padded = torch.cat([sizes, row[None]])
     lead = padded.index_select(0, torch.where(c > 0, starts, torch.full_like(starts, s)))
+    if link.rest:
+        lead = _empty_parents(nt, lead, c, link.rest, op)
     new_sizes = torch.cat([c[:, None], lead], 1)
     new_offsets = torch.cat([offsets.index_select(0, starts), offsets[-1:]])
     ragged = (0, *[r + 1 for r in nt._ragged])
     return nested_from_values(values_of(nt), new_offsets, new_sizes, ragged, [link.extent, *nt._env], StructureMeta())
+
+
+def _empty_parents(nt: NestedTensor, lead: Tensor, c: Tensor, rest: tuple, op: str) -> Tensor:
+    """``lead`` (per parent sample, the unfolded sizes after the new leading dim) with the ragged
+    extents of the parent samples of count 0 taken from the fold (``rest``: the parent's sizes
+    after the folded dim and its ragged dims there). Where the folded samples' ragged extents
+    changed since the fold, an empty parent sample's are not known: refused by a device-side
+    assert (no host read), as eagerly (:meth:`~padless.ops.rows.folds.FoldLink.empty_sizes`)."""
+    parent, ragged = rest
+    empty = c == 0
+    refused = (
+        f"{op}(): under torch.compile, a parent sample gave no samples to the fold (a count of 0) and the folded "
+        "samples' ragged extents changed since, so its own extents are not known; unfold before the op that "
+        "changes them, or run this step eagerly"
+    )
+    if tuple(nt._ragged) != ragged or parent.shape[1] != lead.shape[1]:
+        torch._assert_async(~empty.any(), refused)
+        return lead
+    cols = torch.tensor([j in ragged for j in range(lead.shape[1])], device=lead.device)
+    changed = ((lead != parent) & cols).any(1) & ~empty
+    torch._assert_async(~(empty.any() & changed.any()), refused)
+    return torch.where(empty[:, None] & cols, parent, lead)
 
 
 def _unfold_static(nt: NestedTensor, h: Any, b: Any) -> NestedTensor:

@@ -50,6 +50,7 @@ from torch import Tensor
 from padless.ops.common.dim0 import keeps_dim0
 from padless.ops.common.structure import RAGGED, STATIC, restructure
 from padless.tensor.core import NestedTensor
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, reads_as
 from padless.tensor.errors import StructureError
 from padless.tensor.extents import Extent
 
@@ -71,11 +72,12 @@ class PackedRows(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in ENGINE_CALLS:  # as the plain tensor it reads as: NestedTensors among inputs then answer
+            out = call_read_as(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if any(issubclass(t, NestedTensor) for t in types):
             return NotImplemented  # with a NestedTensor operand: its handlers read this as dense
-        if func is Tensor.backward and args and type(args[0]) is cls:
-            # as the plain tensor it reads as: torch.autograd.backward then sees NestedTensor inputs
-            return args[0].as_subclass(Tensor).backward(*args[1:], **kwargs)
         owner = _owner(args, kwargs)
         origin = None if owner is None else owner.__dict__.get("_origin")
         if func is Tensor.__setitem__:
@@ -111,6 +113,9 @@ class PackedRows(Tensor):
 _NEW = {"new_empty", "new_zeros", "new_ones", "new_full"}
 _PIECES = {"split", "chunk", "tensor_split", "split_with_sizes"}
 _JOIN = {"cat", "concat", "concatenate"}
+
+
+reads_as(PackedRows)  # its gradients are asked of the plain tensor it reads as (tensor.engine_calls)
 
 
 def _along_dim0(args: tuple, kwargs: dict, ndim: int) -> bool:

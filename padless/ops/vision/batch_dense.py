@@ -27,6 +27,7 @@ from torch import Tensor
 from padless.ops.common.dim0 import keeps_dim0
 from padless.tensor.construct import from_padded
 from padless.tensor.core import NestedTensor
+from padless.tensor.engine_calls import ENGINE_CALLS, call_read_as, reads_as
 from padless.ops.vision.resample import SIZE_REWRITE
 from padless.tensor.extents import Extent, per_sample_extents
 
@@ -39,6 +40,10 @@ class BatchDense(Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if func in ENGINE_CALLS:  # as the plain tensor it reads as: NestedTensors among inputs then answer
+            out = call_read_as(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if any(issubclass(t, NestedTensor) for t in types):
             return NotImplemented  # with a NestedTensor operand its handlers read this as dense
         if func is F.interpolate:
@@ -53,6 +58,9 @@ class BatchDense(Tensor):
             if src is None or not keeps_dim0(func, args, kwargs, src, mixing=True):
                 return out  # dim 0 moved (p.transpose(0, 1), p[perm]): no longer the batch
             return _keep(out, src.shape[0], src.__dict__.get("_lineage"))
+
+
+reads_as(BatchDense)  # its gradients are asked of the plain tensor it reads as (tensor.engine_calls)
 
 
 def batch_dense(t: Tensor, lineage: Any = None) -> BatchDense:

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 import torch
 from torch import Tensor
 
+from padless.ops.common.seq_first import SeqFirstView
 from padless.tensor.construct import from_list
 from padless.tensor.core import NestedTensor
 from padless.tensor.errors import StructureError
@@ -338,13 +339,20 @@ def _cotangents(case: Case, refs: list[Tensor]) -> list[Tensor]:
     return [torch.randn(r.shape, generator=g, dtype=torch.float64).to(r.dtype) for r in refs]
 
 
-def _grads(out: Tensor, wrt: list[Tensor], cot: Tensor, accumulate: bool = False) -> list[Tensor | None]:
+def _grads(out: Tensor, wrt: list[Tensor], cot: Tensor, accumulate: bool = False,
+           seq_first: bool = False) -> list[Tensor | None]:
     """The gradients of ``wrt``: asked for (``torch.autograd.grad``) or, with ``accumulate``,
     accumulated by ``out.backward(cot, inputs=wrt)`` and read from ``.grad`` (a leaf
     NestedTensor's gradient is then gathered on its rows and folded when read,
-    ``padless.tensor.leaf_rows``)."""
+    ``padless.tensor.leaf_rows``). With ``seq_first``, a NestedTensor ``out`` is asked through
+    its sequence-first view (``out.transpose(0, 1)`` with ``cot.transpose(0, 1)``, where the
+    transpose is that view: ``padless.tensor.engine_calls``)."""
     if not out.requires_grad:
         return [None] * len(wrt)
+    if seq_first and isinstance(out, NestedTensor) and out.dim() >= 2:
+        u = out.transpose(0, 1)
+        if type(u) is SeqFirstView:
+            out, cot = u, cot.transpose(0, 1)
     if not accumulate:
         return list(torch.autograd.grad(out, wrt, cot, allow_unused=True))
     for t in wrt:
@@ -375,7 +383,7 @@ def _compare_grads(case, nt, dense, got: Trace, refs: list[Trace], rtol: float, 
                 raise BothRaise(f"the backward raises, as sample {i}'s does ({type(e).__name__})") from None
             return f"gradient: padless's backward ran where sample {i}'s raises {type(e).__name__}: {str(e)[:200]}"
         per_sample.append([gi if gi is not None else torch.zeros_like(wi) for gi, wi in zip(g, w)])
-    g_nt = _grads(out, wrt, g_out, accumulate=case.seed % 2 == 1)
+    g_nt = _grads(out, wrt, g_out, accumulate=case.seed % 2 == 1, seq_first=case.seed % 3 == 0)
     scale = max([1.0] + [_magnitude(g) for gs in per_sample for g in gs])
     names = ["input"] + (["intermediate"] if case.wrt is not None else []) + [f"operand {k}" for k in keys]
     for j, name in enumerate(names):
