@@ -392,7 +392,7 @@ def _attend_fast(sp: Spec, a, b, v, terms):
         p3 = x3.softmax(-1)
         saved.append((a3, b3, v3, p3))
         if direct is not None:
-            torch.bmm(p3, v3, out=o3s[k])
+            _bmm_into(o3s[k], direct[3].trans, p3, v3)
             continue
         o_full, perm = f.o[k]
         outs.append(torch.bmm(p3, v3).view(o_full).permute(perm))
@@ -411,7 +411,7 @@ def _directs(sp: Spec, a: Tensor, b: Tensor, v: Tensor) -> tuple | None:
     hit = p1.cache.get(key, _NONE)
     if hit is _NONE:
         hit = None
-        if not (p1.flat[0] or p1.flat[1] or p2.flat[1]):
+        if not (p1.flat[0] or p1.flat[1] or p2.flat[1] or p2.flat[-1]):  # row maps only
             hit = tuple(attend_direct.build(plan.pads[q], plan.splits[q], views, tuple(x.shape[1:]), p1.cache)
                         for plan, q, views, x in ((p1, 0, f.a, a), (p1, 1, f.b, b), (p2, 1, f.v, v)))
             # the result (and its gradient): (batch, m, n) of every bucket <-> the result's rows

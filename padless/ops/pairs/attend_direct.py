@@ -12,8 +12,9 @@ the gradient comes back by the inverse map, one ``index_select`` from the bucket
 written into one buffer (no per-bucket copy, no ``cat``).
 
 ``q``, ``k`` and ``v`` of one batch share their row maps (one layout) and so their unit maps:
-built once per plan and layout, on the first step of a new batch; a few integer ops on maps as
-long as the padded units.
+built once per plan and layout, on the first step of a new batch; a few numpy ops on maps as
+long as the padded units. On the CPU only (the fused node's device; building the maps elsewhere
+would read the device's row maps back).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ class Direct:
             pieces.append(piece.view(bt, rest, mid) if self.trans else piece.view(bt, mid, rest))
         return buf, pieces
 
-    def back(self, buf: Tensor, like: Tensor) -> Tensor:
+    def back(self, buf: Tensor, like) -> Tensor:
         """The packed rows (shaped ``like``: a tensor or a shape) from a filled buffer."""
         return buf.index_select(0, self.bwd).view(like if isinstance(like, tuple) else like.shape)
 
@@ -69,9 +70,10 @@ def build(maps: tuple[RowMap, RowMap], splits: Sequence[int], views: Sequence[tu
     """The unit maps of one operand (row maps ``maps`` into buffers of ``splits`` rows per bucket,
     each bucket's piece ``views[k] = (shape, comp, dims)``: its storage shape, the permutation to
     the matmul form and the 3-d extents), or None when its last stored dim is not a static dim
-    that the form keeps last or next to last (the gather-and-copy path then). ``cache``: the
+    that the form keeps last or next to last, or its maps are not on the host (the
+    gather-and-copy path then). ``cache``: the
     plan's, keyed by the layout, so ``q``, ``k`` and ``v`` share the maps."""
-    if not static or math.prod(static) == 0:
+    if not static or math.prod(static) == 0 or maps[0].safe.device.type != "cpu":
         return None
     width = static[-1]
     per_row = math.prod(static) // width
@@ -101,46 +103,27 @@ def build(maps: tuple[RowMap, RowMap], splits: Sequence[int], views: Sequence[tu
 
 
 def _unit_maps(maps: tuple[RowMap, RowMap], splits: Sequence[int], plans: Sequence[tuple], per_row: int):
-    """``(fwd, bwd, units per bucket)``: see :class:`Direct`. With numpy for maps on the host
-    (a few thousand entries: torch's per-call cost would dominate), with torch ops elsewhere."""
+    """``(fwd, bwd, units per bucket)``: see :class:`Direct`. With numpy on the host maps (a few
+    thousand entries: torch's per-call cost would dominate)."""
     to_buf, to_rows = maps
-    dev = to_buf.safe.device
-    host = dev.type == "cpu"
-    xp_arange = np.arange if host else (lambda a, b: torch.arange(a, b, device=dev))
     orders, units, start = [], [], 0
     for rows, (shape, order) in zip(splits, plans):
         n = rows * per_row  # the bucket's units, in its buffer's storage order
-        ids = xp_arange(start * per_row, start * per_row + n)
-        orders.append(ids.reshape(shape[:-1]).transpose(order).reshape(-1) if host
-                      else ids.view(shape[:-1]).permute(order).reshape(-1))
+        ids = np.arange(start * per_row, start * per_row + n)
+        orders.append(ids.reshape(shape[:-1]).transpose(order).reshape(-1))
         units.append(n)
         start += rows
-    if host:
-        order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
-        row, sub = np.divmod(order, per_row)
-        safe = to_buf.safe.numpy().astype(np.int64)[row] * per_row + sub
-        holes = None
-        if to_buf.holes is not None and to_buf.holes.numel():
-            hole = np.zeros(start, dtype=bool)
-            hole[to_buf.holes.numpy()] = True
-            holes = np.flatnonzero(hole[row])
-        place = np.empty_like(order)
-        place[order] = np.arange(order.size)
-        packed = to_rows.safe.numpy().astype(np.int64)[:, None] * per_row + np.arange(per_row)
-        bwd = place[packed.reshape(-1)]
-        t = torch.from_numpy
-        return RowMap(t(safe), t(holes) if holes is not None and holes.size else None), t(bwd), units
-    order = torch.cat(orders) if orders else torch.zeros(0, dtype=torch.int64, device=dev)
-    row = torch.div(order, per_row, rounding_mode="floor")
-    sub = order - row * per_row
-    safe = to_buf.safe.to(torch.int64).index_select(0, row) * per_row + sub
+    order = np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+    row, sub = np.divmod(order, per_row)
+    safe = to_buf.safe.numpy().astype(np.int64)[row] * per_row + sub
     holes = None
     if to_buf.holes is not None and to_buf.holes.numel():
-        hole = torch.zeros(start, dtype=torch.bool, device=dev)
-        hole[to_buf.holes] = True
-        holes = hole.index_select(0, row).nonzero().view(-1)
-    place = torch.empty_like(order)
-    place[order] = torch.arange(order.numel(), device=dev)
-    packed = to_rows.safe.to(torch.int64).view(-1, 1) * per_row + torch.arange(per_row, device=dev)
-    bwd = place.index_select(0, packed.view(-1))
-    return RowMap(safe, holes if holes is not None and holes.numel() else None), bwd, units
+        hole = np.zeros(start, dtype=bool)
+        hole[to_buf.holes.numpy()] = True
+        holes = np.flatnonzero(hole[row])
+    place = np.empty_like(order)
+    place[order] = np.arange(order.size)
+    packed = to_rows.safe.numpy().astype(np.int64)[:, None] * per_row + np.arange(per_row)
+    bwd = place[packed.reshape(-1)]
+    t = torch.from_numpy
+    return RowMap(t(safe), t(holes) if holes is not None and holes.size else None), t(bwd), units
