@@ -354,3 +354,23 @@ def test_operands_read_into_matmul_layout_gradcheck(direct_reads):
     torch.autograd.gradcheck(fn, leaves_)
     assert direct_reads
     torch.autograd.gradgradcheck(fn, leaves_)
+
+
+def test_unit_maps_shared_by_content(monkeypatch):
+    """A new batch of lengths seen before (new objects) builds no unit maps: they are cached by
+    content; q, k, v and the result of one batch share one build."""
+    builds = []
+    real = attend_direct._unit_maps
+
+    def counting(*args):
+        builds.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(attend_direct, "_unit_maps", counting)
+    padless.ops.common.content.clear()
+    ns = [7, 2, 0, 5]
+    for seed in (31, 41):
+        q, k, v = (leaves([(n, 2, 3) for n in ns], seed=seed + j)[0] for j in range(3))
+        z = leaves([(n, n, 2) for n in ns], seed=seed + 3, ragged=(0, 1))[0]
+        _pair_bias(q, k, v, z).values().sum().backward()
+        assert len(builds) == 1

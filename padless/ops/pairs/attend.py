@@ -412,13 +412,13 @@ def _directs(sp: Spec, a: Tensor, b: Tensor, v: Tensor) -> tuple | None:
     if hit is _NONE:
         hit = None
         if not (p1.flat[0] or p1.flat[1] or p2.flat[1] or p2.flat[-1]):  # row maps only
-            hit = tuple(attend_direct.build(plan.pads[q], plan.splits[q], views, tuple(x.shape[1:]), p1.cache)
+            hit = tuple(attend_direct.build(plan.pads[q], plan.splits[q], views, tuple(x.shape[1:]))
                         for plan, q, views, x in ((p1, 0, f.a, a), (p1, 1, f.b, b), (p2, 1, f.v, v)))
             # the result (and its gradient): (batch, m, n) of every bucket <-> the result's rows
             outs = [(shape, layout.inverse_order(perm), (t[0], t[1], fv[2][2]))
                     for shape, (_, perm), t, fv in zip(p2.out_shapes, f.o, f.t, f.v)]
             hit = (*hit, attend_direct.build((p2.packs[0], p2.packs[1]), [math.prod(o[0]) // max(math.prod(p2.out_static), 1) for o in outs],
-                                             outs, tuple(p2.out_static), p1.cache))
+                                             outs, tuple(p2.out_static)))
             hit = None if any(d is None for d in hit) else hit
         p1.cache[key] = hit
     return hit

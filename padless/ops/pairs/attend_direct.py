@@ -12,7 +12,7 @@ the gradient comes back by the inverse map, one ``index_select`` from the bucket
 written into one buffer (no per-bucket copy, no ``cat``).
 
 ``q``, ``k`` and ``v`` of one batch share their row maps (one layout) and so their unit maps:
-built once per plan and layout, on the first step of a new batch; a few numpy ops on maps as
+built once per layout and lengths (cached by content), on the first step of a new batch; a few numpy ops on maps as
 long as the padded units. On the CPU only (the fused node's device; building the maps elsewhere
 would read the device's row maps back).
 """
@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from padless.ops.common import content
 from padless.ops.kernels.layout import RowMap
 
 ENABLED = True
@@ -65,14 +66,14 @@ class Direct:
         return buf.index_select(0, self.bwd).view(like if isinstance(like, tuple) else like.shape)
 
 
-def build(maps: tuple[RowMap, RowMap], splits: Sequence[int], views: Sequence[tuple], static: Sequence[int],
-          cache: dict) -> Direct | None:
+def build(maps: tuple[RowMap, RowMap], splits: Sequence[int], views: Sequence[tuple], static: Sequence[int]) -> Direct | None:
     """The unit maps of one operand (row maps ``maps`` into buffers of ``splits`` rows per bucket,
     each bucket's piece ``views[k] = (shape, comp, dims)``: its storage shape, the permutation to
     the matmul form and the 3-d extents), or None when its last stored dim is not a static dim
     that the form keeps last or next to last, or its maps are not on the host (the
-    gather-and-copy path then). ``cache``: the
-    plan's, keyed by the layout, so ``q``, ``k`` and ``v`` share the maps."""
+    gather-and-copy path then). The maps are cached by content
+    (:mod:`padless.ops.common.content`): ``q``, ``k``, ``v`` and the result share them, and a
+    batch of lengths seen before builds none."""
     if not static or math.prod(static) == 0 or maps[0].safe.device.type != "cpu":
         return None
     width = static[-1]
@@ -92,10 +93,14 @@ def build(maps: tuple[RowMap, RowMap], splits: Sequence[int], views: Sequence[tu
         kinds.add(trans)
     if len(kinds) != 1:
         return None
+    # by the row maps' identity: they are shared by content (one object per layout and lengths,
+    # padless.ops.common.content), and the entry holds them, so the identity cannot be reused
     key = ("direct_units", id(maps[0].safe), tuple(splits), tuple(plans), per_row)
-    hit = cache.get(key)
+    hit = content.get(key)
     if hit is None:
-        hit = cache[key] = _unit_maps(maps, splits, plans, per_row) + (maps,)  # the maps kept alive with the key
+        hit = _unit_maps(maps, splits, plans, per_row) + (maps,)
+        held = sum(t.numel() * t.element_size() for m in (hit[0], maps[0], maps[1]) for t in m if t is not None)
+        content.put(key, hit, held + hit[1].numel() * hit[1].element_size() + 1024)
     d = Direct()
     d.fwd, d.bwd, d.units = hit[0], hit[1], hit[2]
     d.dims, d.trans, d.width = [tuple(v[2]) for v in views], kinds.pop(), width
