@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import padless
+from padless.ops.common import content
 from padless.ops.kernels import softmax as ks
 from padless.ops.pairs import attend, attend_direct, bucketed
 from padless.tensor.autograd import nested_from_values
@@ -367,7 +368,7 @@ def test_unit_maps_shared_by_content(monkeypatch):
         return real(*args)
 
     monkeypatch.setattr(attend_direct, "_unit_maps", counting)
-    padless.ops.common.content.clear()
+    content.clear()
     ns = [7, 2, 0, 5]
     for seed in (31, 41):
         q, k, v = (leaves([(n, 2, 3) for n in ns], seed=seed + j)[0] for j in range(3))
