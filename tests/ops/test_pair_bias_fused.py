@@ -9,8 +9,9 @@ import pytest
 import torch
 
 import padless
+from padless.ops.common import content
 from padless.ops.kernels import softmax as ks
-from padless.ops.pairs import attend, bucketed
+from padless.ops.pairs import attend, attend_direct, bucketed
 from padless.tensor.autograd import nested_from_values
 from padless.testing import check_samples, leaves
 
@@ -280,3 +281,97 @@ def test_pair_bias_by_rows_gradients_twice():
 
     torch.autograd.gradcheck(fn, leaves_)
     torch.autograd.gradgradcheck(fn, leaves_)
+
+
+@pytest.fixture
+def direct_reads(monkeypatch):
+    """Every operand the fused node read straight into its matmul layout (``attend_direct``):
+    whether it was read as a transpose (``k`` of ``q @ k^T``)."""
+    reads = []
+    real = attend_direct.Direct.read
+
+    def spy(self, values):
+        reads.append(self.trans)
+        return real(self, values)
+
+    monkeypatch.setattr(attend_direct.Direct, "read", spy)
+    return reads
+
+
+@pytest.mark.parametrize("ns", [NS, [4], [0, 0, 2], [0]], ids=["ragged", "one_sample", "empties", "one_empty"])
+def test_operands_read_into_matmul_layout(ns, direct_reads):
+    """q, k, v (v of another width) and the result's gradient read by units straight into the
+    buckets' ``(count * H, L, D)`` operands, the gradients written back by one map each: values
+    and gradients of q, k, v, the bias and the mask's source match each sample alone, and match
+    the gather-and-copy path exactly."""
+    q = leaves([(n, 3, 4) for n in ns], seed=21)
+    k = leaves([(n, 3, 4) for n in ns], seed=22)
+    v = leaves([(n, 3, 2) for n in ns], seed=23)
+    z = leaves([(n, n, 3) for n in ns], seed=24, ragged=(0, 1))
+    m = leaves([(n,) for n in ns], seed=25)
+
+    def fn(q, k, v, z, m):
+        a = torch.einsum("bihd,bjhd->bhij", q, k) / 2 + z.permute(0, 3, 1, 2)
+        a = a + (1 - m.sigmoid()[:, None, None]) * -3
+        return torch.einsum("bhij,bjhd->bihd", a.softmax(dim=-1), v)
+
+    def ref(q, k, v, z, m):
+        a = torch.einsum("ihd,jhd->hij", q, k) / 2 + z.permute(2, 0, 1)
+        a = a + (1 - m.sigmoid()[None, None]) * -3
+        return torch.einsum("hij,jhd->ihd", a.softmax(dim=-1), v)
+
+    check_samples(fn, ref, [q, k, v, z, m])
+    if sum(ns):
+        assert sorted(set(direct_reads)) == [False, True]  # q and v as they are, k transposed
+    got = []
+    for on in (True, False):
+        attend_direct.ENABLED = on
+        try:
+            xs = [nt.detach().requires_grad_() for nt, _ in (q, k, v, z, m)]
+            out = fn(*xs)
+            out.values().pow(2).sum().backward()
+            got.append([out.values(), *[x.grad.values() for x in xs]])
+        finally:
+            attend_direct.ENABLED = True
+    for a, b in zip(*got):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+
+
+def test_operands_read_into_matmul_layout_gradcheck(direct_reads):
+    """The fused node reading its operands by units, differentiated once and twice (float64)."""
+    ns = (2, 0, 3, 1)
+    g = torch.Generator().manual_seed(5)
+    qv, kv = (padless.from_list([torch.randn(n, 2, 3, dtype=torch.float64, generator=g) for n in ns]) for _ in range(2))
+    vv = padless.from_list([torch.randn(n, 2, 1, dtype=torch.float64, generator=g) for n in ns])
+    z = padless.from_list([torch.randn(n, n, 2, dtype=torch.float64, generator=g) for n in ns], ragged_dims=(0, 1))
+    leaves_ = [t.values().clone().requires_grad_() for t in (qv, kv, vv, z)]
+
+    def fn(q, k, v, b):
+        qs, ks, vs, zs = (nested_from_values(x, t._offsets, t._sizes, t._ragged, t._env, t._meta)
+                          for x, t in zip((q, k, v, b), (qv, kv, vv, z)))
+        a = torch.einsum("bihd,bjhd->bhij", qs, ks) * 0.7 + zs.permute(0, 3, 1, 2)
+        return torch.einsum("bhij,bjhd->bihd", a.softmax(dim=-1), vs).values()
+
+    torch.autograd.gradcheck(fn, leaves_)
+    assert direct_reads
+    torch.autograd.gradgradcheck(fn, leaves_)
+
+
+def test_unit_maps_shared_by_content(monkeypatch):
+    """A new batch of lengths seen before (new objects) builds no unit maps: they are cached by
+    content; q, k, v and the result of one batch share one build."""
+    builds = []
+    real = attend_direct._unit_maps
+
+    def counting(*args):
+        builds.append(args[3])
+        return real(*args)
+
+    monkeypatch.setattr(attend_direct, "_unit_maps", counting)
+    content.clear()
+    ns = [7, 2, 0, 5]
+    for seed in (31, 41):
+        q, k, v = (leaves([(n, 2, 3) for n in ns], seed=seed + j)[0] for j in range(3))
+        z = leaves([(n, n, 2) for n in ns], seed=seed + 3, ragged=(0, 1))[0]
+        _pair_bias(q, k, v, z).values().sum().backward()
+        assert len(builds) == 1

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from padless.ops.kernels.layout import read_rows
-from padless.ops.pairs import spread
+from padless.ops.pairs import attend_direct, spread
 from padless.ops.pairs.bucket_nodes import (
     _BATCH,
     _dense,
@@ -371,25 +371,67 @@ def _fast_mask(sp: Spec, k: int, mask: Tensor) -> Tensor:
 def _attend_fast(sp: Spec, a, b, v, terms):
     p1, p2, f = sp.p1, sp.p2, sp.fast
     tp, own = _terms_pieces(sp, None, terms, v)
-    ap = _gather_in(p1, 0, a).split(p1.splits[0])
-    bp = _gather_in(p1, 1, b).split(p1.splits[1])
-    vp = _gather_in(p2, 1, v).split(p2.splits[1])
+    direct = _directs(sp, a, b, v)
+    if direct is not None:  # straight into the matmul layout and back (attend_direct)
+        a3s, b3s, v3s = (d.read(x) for d, x in zip(direct, (a, b, v)))
+        buf, o3s = direct[3].grad_buffer(v)
+    else:
+        ap = _gather_in(p1, 0, a).split(p1.splits[0])
+        bp = _gather_in(p1, 1, b).split(p1.splits[1])
+        vp = _gather_in(p2, 1, v).split(p2.splits[1])
+        a3s = [_three(ap[k], f.a[k]) for k in range(len(f.t))]
+        b3s = [_three(bp[k], f.b[k]) for k in range(len(f.t))]
+        v3s = [_three(vp[k], f.v[k]) for k in range(len(f.t))]
     saved, outs = [], []
     for k in range(len(f.t)):
-        a3, b3, v3 = _three(ap[k], f.a[k]), _three(bp[k], f.b[k]), _three(vp[k], f.v[k])
+        a3, b3, v3 = a3s[k], b3s[k], v3s[k]
         if own:  # a new buffer of the terms: the scores are added into it in place
             x3 = tp[k].view(f.t[k]).baddbmm_(a3, b3, alpha=sp.alpha)
         else:  # the key mask, broadcast over the query rows
             x3 = torch.baddbmm(_fast_mask(sp, k, tp[k]), a3, b3, alpha=sp.alpha)
         p3 = x3.softmax(-1)
         saved.append((a3, b3, v3, p3))
+        if direct is not None:
+            _bmm_into(o3s[k], direct[3].trans, p3, v3)
+            continue
         o_full, perm = f.o[k]
         outs.append(torch.bmm(p3, v3).view(o_full).permute(perm))
+    if direct is not None:
+        return direct[3].back(buf, (p2.out_rows, *p2.out_static)), saved
     return _to_rows(p2, outs, perm=False), saved
+
+
+def _directs(sp: Spec, a: Tensor, b: Tensor, v: Tensor) -> tuple | None:
+    """The unit maps of ``a``, ``b`` and ``v`` (:mod:`padless.ops.pairs.attend_direct`), cached on
+    the scores' plan by the operands' row shapes; None when one of them does not take them."""
+    if not attend_direct.ENABLED:
+        return None
+    p1, p2, f = sp.p1, sp.p2, sp.fast
+    key = ("direct", a.shape[1:], b.shape[1:], v.shape[1:])
+    hit = p1.cache.get(key, _NONE)
+    if hit is _NONE:
+        hit = None
+        if not (p1.flat[0] or p1.flat[1] or p2.flat[1] or p2.flat[-1]):  # row maps only
+            hit = tuple(attend_direct.build(plan.pads[q], plan.splits[q], views, tuple(x.shape[1:]))
+                        for plan, q, views, x in ((p1, 0, f.a, a), (p1, 1, f.b, b), (p2, 1, f.v, v)))
+            # the result (and its gradient): (batch, m, n) of every bucket <-> the result's rows
+            outs = [(shape, layout.inverse_order(perm), (t[0], t[1], fv[2][2]))
+                    for shape, (_, perm), t, fv in zip(p2.out_shapes, f.o, f.t, f.v)]
+            hit = (*hit, attend_direct.build((p2.packs[0], p2.packs[1]), [math.prod(o[0]) // max(math.prod(p2.out_static), 1) for o in outs],
+                                             outs, tuple(p2.out_static)))
+            hit = None if any(d is None for d in hit) else hit
+        p1.cache[key] = hit
+    return hit
+
+
+_NONE = object()
 
 
 def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
     p1, p2, f = sp.p1, sp.p2, sp.fast
+    direct = _directs(sp, a, b, v)
+    if direct is not None:
+        return _backward_direct(ctx, sp, direct, a, b, v, direct[3].read(g), need)
     gp = read_rows(_flatten(g.contiguous(), p2.flat[-1]), p2.packs[0], 0.0)
     per = 1 if p2.flat[-1] else math.prod(p2.out_static)
     gparts = gp.split([math.prod(s) // per for s in p2.out_shapes])
@@ -414,6 +456,41 @@ def _backward_fast(ctx, sp: Spec, a, b, v, terms, g, need):
     rows = _scores_rows(p1, dx) if _need_rows(sp, need) else None
     return (gather_back(p1, 0, da, a) if da else None, gather_back(p1, 1, db, b) if db else None,
             gather_back(p2, 1, dv, v) if dv else None, rows, dx)
+
+
+def _backward_direct(ctx, sp: Spec, direct, a, b, v, g3s, need):
+    """:func:`_backward_fast` with the operands' gradients written by the ``bmm`` of every bucket
+    into one buffer each, in the gathered layout, and read back to rows by one
+    ``index_select`` each (:mod:`padless.ops.pairs.attend_direct`)."""
+    p1, p2, f = sp.p1, sp.p2, sp.fast
+    bufs = [d.grad_buffer(x) if n else (None, None) for d, x, n in zip(direct, (a, b, v), (need[1], need[2], need[3]))]
+    dx = []
+    for k, (a3, b3, v3, p3) in enumerate(ctx.saved):
+        g3 = g3s[k]
+        if need[3]:
+            _bmm_into(bufs[2][1][k], direct[2].trans, p3.transpose(1, 2), g3)
+        d3 = torch._softmax_backward_data(torch.bmm(g3, v3.transpose(1, 2)), p3, 2, p3.dtype)
+        dx.append(d3)
+        if need[1]:
+            _bmm_into(bufs[0][1][k], direct[0].trans, d3, b3.transpose(1, 2))
+        if need[2]:
+            _bmm_into(bufs[1][1][k], direct[1].trans, a3.transpose(1, 2), d3)
+    grads = []
+    for q, (d, x, (buf, _)) in enumerate(zip(direct, (a, b, v), bufs)):
+        if buf is not None and q < 2 and sp.alpha != 1.0:
+            buf.mul_(sp.alpha)
+        grads.append(d.back(buf, x) if buf is not None else None)
+    dx = [d.view(s) for d, s in zip(dx, f.dt)]
+    rows = _scores_rows(p1, dx) if _need_rows(sp, need) else None
+    return (*grads, rows, dx)
+
+
+def _bmm_into(out: Tensor, trans: bool, x: Tensor, y: Tensor) -> None:
+    """``x @ y`` written into ``out`` (``(x @ y)^T = y^T @ x^T`` when ``trans``)."""
+    if trans:
+        torch.bmm(y.transpose(1, 2), x.transpose(1, 2), out=out)
+    else:
+        torch.bmm(x, y, out=out)
 
 
 def _need_rows(sp: Spec, need: Sequence[bool]) -> bool:

@@ -57,16 +57,20 @@ def layout_steps(x: NestedTensor, c: Chooser, seed: int) -> dict[str, list[Calla
 
             def pair_bias_attention() -> Step:
                 w = seeded(seed + 7, (e, 2), x.dtype)
+                # a scale (boltz's 1/sqrt(d)) or none; values as wide as the keys or narrower: the
+                # fused node reads q, k and v straight into its matmul layout (ops.pairs.attend_direct)
+                scale, dv = c.choice([1.0, 0.5]), c.integer(1, e)
 
                 def fn(t, o):  # boltz's AttentionPairBias core: tokens from the pair, a bias per head
                     s = t.mean(-3)  # (.., N, e): one token per column
                     q = s.unsqueeze(-2).expand(*s.shape[:-1], 2, e)  # two heads
+                    v = (q * 2)[..., :dv]
                     bias = t @ w  # (.., N, N, 2), read as (.., 2, N, N)
                     if not o:
-                        a = torch.einsum("ihd,jhd->hij", q, q) + bias.permute(2, 0, 1)
-                        return torch.einsum("hij,jhd->ihd", a.softmax(-1), q)
-                    a = torch.einsum("bihd,bjhd->bhij", q, q) + bias.permute(0, 3, 1, 2)
-                    return torch.einsum("bhij,bjhd->bihd", a.softmax(-1), q)
+                        a = torch.einsum("ihd,jhd->hij", q, q) * scale + bias.permute(2, 0, 1)
+                        return torch.einsum("hij,jhd->ihd", a.softmax(-1), v)
+                    a = torch.einsum("bihd,bjhd->bhij", q, q) * scale + bias.permute(0, 3, 1, 2)
+                    return torch.einsum("bhij,bjhd->bihd", a.softmax(-1), v)
 
                 return Step("pair-biased attention (q k^T + z W as (H, N, N), softmax, @ v)", fn, family="layout")
 
