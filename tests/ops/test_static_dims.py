@@ -191,3 +191,23 @@ def test_padded_read_of_an_operand_with_a_static_extent_0(grad):
     for i, t in enumerate(xs):
         ref = torch.where(t > 0, t, d[i, : t.shape[0], :1])
         assert out[i].shape == ref.shape
+
+
+def test_a_static_extent_of_zero_reshapes_and_attends_per_sample():
+    """Seeds 373951 and 362157: a static dim sliced to extent 0 (``x[:, 1:]`` of one head) then
+    reshaped with sizes read from the shape (was: "-1 is ambiguous" on 0 elements), or attended
+    (the bucketed contraction read the extent 0 as a broadcast 1: a bmm into a wrong buffer)."""
+    import torch.nn.functional as F
+
+    from padless.tensor.construct import from_list
+
+    xs = [torch.randn(1, n, 3) for n in (4, 1, 0, 2)]
+    y = from_list(xs, ragged_dims=(1,))[:, 1:]
+    b, s0, s1, s2 = y.shape[0], y.shape[1], y.shape[2], y.shape[3]
+    z = y.reshape(b, s2, s0, s1 // 2, 2)
+    assert [tuple(t.shape) for t in z.unbind()] == [tuple(x[1:].reshape(3, 0, x.shape[1] // 2, 2).shape) for x in xs]
+    with torch.inference_mode():
+        s = y @ y.transpose(-1, -2)
+        o = F.scaled_dot_product_attention(y, y, y)
+    assert [tuple(t.shape) for t in s.unbind()] == [(0, n, n) for n in (4, 1, 0, 2)]
+    assert [tuple(t.shape) for t in o.unbind()] == [(0, n, 3) for n in (4, 1, 0, 2)]

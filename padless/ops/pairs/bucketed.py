@@ -96,7 +96,8 @@ def _letter_extents(ins: Sequence[str], operands: Sequence[NestedTensor]) -> tup
                     return None
                 ragged[c] = col
             else:
-                static[c] = max(static.get(c, 1), int(o._env[d]))
+                e, prev = int(o._env[d]), static.get(c)
+                static[c] = e if prev is None or prev == 1 else prev if e == 1 else max(prev, e)  # 1 broadcasts, 0 stays
     for c in ragged:
         if c in static:
             for s, o in zip(ins, operands):
@@ -263,7 +264,7 @@ def _build(ins: Sequence[str], out: str, operands: Sequence[NestedTensor], force
     ``pending_operands`` says (default: as they are): a Collator's worker builds on the host
     the plans a batch meets on its device (:mod:`padless.ops.pairs.recipe`)."""
     ext = _letter_extents(ins, operands)
-    if ext is None:
+    if ext is None or 0 in ext[1].values():  # a static extent 0 (x[:, 1:] of one head): per sample
         return None
     ragged_ext, static_ext = ext
     b = operands[0].batch_size

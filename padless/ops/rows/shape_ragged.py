@@ -239,6 +239,9 @@ def reinterpret(nt: NestedTensor, rest: list[Any], op: str) -> NestedTensor | No
         if skey is not None:
             content.put(key, idx)
     out = vals.reshape(-1).index_select(0, idx)
+    if 0 in static:  # no element to count the rows by: each sample's rows are its ragged extents' product
+        n_rows = int(new_hs[:, list(ragged)].prod(1).sum()) if ragged else b
+        return from_host_structure(out.view(n_rows, *static), new_hs, ragged, nt)
     return from_host_structure(out.view(-1, *static), new_hs, ragged, nt)
 
 
