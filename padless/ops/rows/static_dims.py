@@ -67,6 +67,19 @@ def _index_key(index: tuple) -> tuple | None:
 
 
 @lend("index_static_dims")  # NestedTensor.__getitem__ (padless.tensor.convert) asks first
+def _remembered(nt: NestedTensor, key: tuple, build) -> Any:
+    """The form remembered under ``key`` for ``nt``'s structure (built by ``build()`` the first
+    time); :data:`_NO` where the general path answers (also for traced extents, which do not hash)."""
+    forms = _forms(nt)
+    try:
+        hit = forms.get(key)
+    except TypeError:  # traced extents (SymInts) do not hash: the general path
+        return _NO
+    if hit is None:
+        hit = forms[key] = build()
+    return hit
+
+
 def index_static_dims(nt: NestedTensor, index: Any) -> NestedTensor | None:
     """``nt[index]`` when it indexes static dims only (module docstring), else None."""
     if type(index) is not tuple or len(index) < 2 or torch.compiler.is_compiling():
@@ -74,14 +87,7 @@ def index_static_dims(nt: NestedTensor, index: Any) -> NestedTensor | None:
     key = _index_key(index)
     if key is None:
         return None
-    key = (nt._ragged, nt._values.shape, key)
-    forms = _forms(nt)
-    try:
-        hit = forms.get(key)
-    except TypeError:  # traced extents (SymInts) do not hash: the general path
-        return None
-    if hit is None:
-        hit = forms[key] = _index_form(nt, index)
+    hit = _remembered(nt, (nt._ragged, nt._values.shape, key), lambda: _index_form(nt, index))
     if hit is _NO:
         return None
     vidx, dims = hit
@@ -143,14 +149,7 @@ def join_static(op: str, tensors: Sequence[Tensor], dim: Any) -> NestedTensor | 
             return None
     if torch.compiler.is_compiling():
         return None
-    key = (op, len(tensors), dim, t0._ragged, t0._values.shape)
-    forms = _forms(t0)
-    try:
-        hit = forms.get(key)
-    except TypeError:  # traced extents (SymInts) do not hash: the general path
-        return None
-    if hit is None:
-        hit = forms[key] = _join_form(op, t0, len(tensors), dim)
+    hit = _remembered(t0, (op, len(tensors), dim, t0._ragged, t0._values.shape), lambda: _join_form(op, t0, len(tensors), dim))
     if hit is _NO:
         return None
     vd, dims = hit
