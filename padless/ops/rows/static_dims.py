@@ -66,7 +66,6 @@ def _index_key(index: tuple) -> tuple | None:
     return tuple(key)
 
 
-@lend("index_static_dims")  # NestedTensor.__getitem__ (padless.tensor.convert) asks first
 def _remembered(nt: NestedTensor, key: tuple, build) -> Any:
     """The form remembered under ``key`` for ``nt``'s structure (built by ``build()`` the first
     time); :data:`_NO` where the general path answers (also for traced extents, which do not hash)."""
@@ -80,6 +79,7 @@ def _remembered(nt: NestedTensor, key: tuple, build) -> Any:
     return hit
 
 
+@lend("index_static_dims")  # NestedTensor.__getitem__ (padless.tensor.convert) asks first
 def index_static_dims(nt: NestedTensor, index: Any) -> NestedTensor | None:
     """``nt[index]`` when it indexes static dims only (module docstring), else None."""
     if type(index) is not tuple or len(index) < 2 or torch.compiler.is_compiling():
