@@ -171,6 +171,23 @@ def _autocast_dtypes(func: Any, a: dict[str, Any], x: NestedTensor, h0: tuple[Te
     the cell state in float32 (float32 out); ``rnn_*`` and ``gru`` agree. Torch's kernel answers
     for itself, on a one-step sample without a graph (what its choice depends on: device, the
     CPU's support, grad mode); only under autocast."""
+    dev = x.device.type
+    key = (func, dev, torch.get_autocast_dtype(dev), torch.is_grad_enabled(), x.dtype, bool(a["has_biases"]),
+           int(a["num_layers"]), bool(a["bidirectional"]), tuple(h.dtype for h in h0),
+           tuple((p.dtype, tuple(p.shape)) for p in params))
+    hit = _AUTOCAST_DTYPES.get(key)
+    if hit is None:
+        if len(_AUTOCAST_DTYPES) >= 64:  # a few module shapes per program: a small table, never a leak
+            _AUTOCAST_DTYPES.clear()
+        hit = _AUTOCAST_DTYPES[key] = _probe_dtypes(func, a, x, h0, params)
+    return hit
+
+
+#: :func:`_autocast_dtypes`' answers by what torch's choice depends on (one probe per module shape)
+_AUTOCAST_DTYPES: dict[tuple, tuple] = {}
+
+
+def _probe_dtypes(func: Any, a: dict[str, Any], x: NestedTensor, h0: tuple[Tensor, ...], params: list) -> tuple:
     one = values_of(x).detach().new_zeros((1, 1, x.shape[-1]))
     hx = tuple(h.detach().new_zeros((h.shape[0], 1, h.shape[2])) for h in h0)
     with warnings.catch_warnings():  # what torch says of its choice (no oneDNN for projections) is not asked here
